@@ -1,0 +1,45 @@
+"""Streaming load for the end-to-end tests: N concurrent /v1/completions streams, timed per token."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import aiohttp
+
+from vllm_spark_plugin.definitions import StreamTiming
+
+
+async def _one(session, base_url, model, prompt, max_tokens) -> tuple[StreamTiming, int]:
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+            "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
+    start = time.monotonic()
+    first = last = None
+    usage_tokens = 0
+    async with session.post(base_url + "/v1/completions", json=body) as resp:
+        resp.raise_for_status()
+        async for raw in resp.content:
+            line = raw.decode().strip()
+            if not line.startswith("data:") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[5:])
+            if chunk.get("usage"):
+                usage_tokens = chunk["usage"]["completion_tokens"]
+            if chunk.get("choices") and chunk["choices"][0].get("text"):
+                now = time.monotonic()
+                first = first or now
+                last = now
+    return StreamTiming(output_tokens=usage_tokens, start=start, first_token=first, last_token=last,
+                        requested_tokens=max_tokens), usage_tokens
+
+
+def run_streams(base_url: str, model: str, concurrency: int, max_tokens: int = 64,
+                prompt_prefix: str = "Request") -> list[StreamTiming]:
+    """Start `concurrency` streams together; return their timings."""
+    async def main():
+        timeout = aiohttp.ClientTimeout(total=600)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            coros = [_one(session, base_url, model, f"{prompt_prefix} {i}: write a story about the sea.", max_tokens)
+                     for i in range(concurrency)]
+            return await asyncio.gather(*coros)
+    return [t for t, _ in asyncio.run(main())]

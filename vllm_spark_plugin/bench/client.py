@@ -1,0 +1,221 @@
+"""Streaming client for OpenAI-compatible completions and chat endpoints.
+
+Timing follows the seed definitions: every SSE chunk that carries text is a token arrival; the first
+and last such chunks give the first- and last-token times; the token count comes from the server's
+`usage` (requested with `stream_options: {include_usage: true}`).  Per chunk the client does the
+minimum (one `json.loads`, two comparisons), so that the client is never the bottleneck it measures.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from ..definitions import StreamTiming
+from .workloads import Prompt
+
+API_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+
+
+@dataclass
+class StreamResult:
+    """One streamed request: the seed-definition timing plus what the scenarios need."""
+
+    timing: StreamTiming
+    chunk_times: list[float] | None = None  # arrival time of each text chunk (when recorded)
+    finish_reason: str | None = None
+    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens, when reported
+    usage_reported: bool = True
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.timing.error is None
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    connect: float = 10.0   # TCP connect
+    read: float = 120.0     # longest silence between two reads of a stream
+    total: float = 3600.0   # whole request
+
+    def client_timeout(self) -> aiohttp.ClientTimeout:
+        return aiohttp.ClientTimeout(total=self.total, sock_connect=self.connect, sock_read=self.read)
+
+
+def normalize_endpoint(url: str) -> str:
+    """'host:8000', 'http://host:8000/', 'http://host:8000/v1' -> 'http://host:8000'."""
+    u = url.strip()
+    if not u:
+        raise ValueError("empty endpoint URL")
+    if "://" not in u:
+        u = "http://" + u
+    u = u.rstrip("/")
+    if u.endswith("/v1"):
+        u = u[:-3]
+    return u
+
+
+def describe_error(exc: BaseException, timeouts: Timeouts) -> str:
+    """A short, specific message for a failed request."""
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return f"cannot connect to {exc.host}:{exc.port} ({exc.os_error.strerror or exc.os_error})"
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return "server closed the connection"
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        return "server broke off the stream"
+    if isinstance(exc, (asyncio.TimeoutError, aiohttp.ServerTimeoutError)):
+        return (f"timed out (no data for {timeouts.read:g}s, or the request took over {timeouts.total:g}s)")
+    if isinstance(exc, aiohttp.ClientError):
+        return f"{type(exc).__name__}: {exc}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+class OpenAIStreamClient:
+    """Sends streaming requests to one endpoint and model; one aiohttp session per client."""
+
+    def __init__(self, endpoint: str, model: str, api: str = "chat", ignore_eos: bool = True,
+                 timeouts: Timeouts | None = None, api_key: str | None = None,
+                 extra_body: dict | None = None, disable_thinking: bool = True,
+                 max_connections: int = 0) -> None:
+        if api not in API_PATHS:
+            raise ValueError(f"unknown API {api!r}; choose from {', '.join(API_PATHS)}")
+        self.endpoint = normalize_endpoint(endpoint)
+        self.model = model
+        self.api = api
+        self.url = self.endpoint + API_PATHS[api]
+        self.ignore_eos = ignore_eos
+        self.timeouts = timeouts or Timeouts()
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.extra_body = dict(extra_body or {})
+        self.disable_thinking = disable_thinking
+        self.max_connections = max_connections
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> "OpenAIStreamClient":
+        connector = aiohttp.TCPConnector(limit=self.max_connections, ttl_dns_cache=300)
+        self._session = aiohttp.ClientSession(connector=connector, timeout=self.timeouts.client_timeout(),
+                                              headers=self.headers, auto_decompress=False)
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    @property
+    def token_ids_allowed(self) -> bool:
+        """Token-id prompts work on the completions API only."""
+        return self.api == "completions"
+
+    def payload(self, prompt: Prompt, max_tokens: int, temperature: float) -> dict:
+        body: dict = {"model": self.model, "max_tokens": max_tokens, "temperature": temperature,
+                      "stream": True, "stream_options": {"include_usage": True}}
+        if self.ignore_eos:
+            body["ignore_eos"] = True  # vLLM extension: outputs are exactly as long as requested
+        if self.api == "chat":
+            if not isinstance(prompt, str):
+                raise ValueError("the chat API takes text prompts, not token ids")
+            body["messages"] = [{"role": "user", "content": prompt}]
+            if self.disable_thinking:
+                body["chat_template_kwargs"] = {"enable_thinking": False}  # seed 003: reasoning off
+        else:
+            body["prompt"] = prompt
+        body.update(self.extra_body)
+        return body
+
+    async def stream(self, prompt: Prompt, max_tokens: int, temperature: float = 0.0,
+                     record_chunks: bool = False, start_event: asyncio.Event | None = None) -> StreamResult:
+        """Send one request and time its stream.  Never raises for request failures: the error is
+        recorded in the result (`timing.error`); cancellation propagates."""
+        assert self._session is not None, "use `async with OpenAIStreamClient(...)`"
+        body = json.dumps(self.payload(prompt, max_tokens, temperature)).encode()
+        if start_event is not None:
+            await start_event.wait()
+        chat = self.api == "chat"
+        times: list[float] | None = [] if record_chunks else None
+        first = last = None
+        chunks = 0
+        usage: dict | None = None
+        finish = None
+        error = None
+        clock = time.perf_counter
+        start = clock()
+        try:
+            async with self._session.post(self.url, data=body,
+                                          headers={"Content-Type": "application/json"}) as resp:
+                if resp.status != 200:
+                    text = (await resp.text())[:300]
+                    error = f"HTTP {resp.status}: {_error_message(text)}"
+                else:
+                    buf = b""
+                    done = False
+                    async for data in resp.content.iter_any():
+                        now = clock()
+                        buf += data
+                        if b"\n\n" not in buf:
+                            continue
+                        *messages, buf = buf.split(b"\n\n")
+                        for msg in messages:
+                            if not msg.startswith(b"data:"):
+                                continue  # SSE comment / keep-alive
+                            payload = msg[5:].strip()
+                            if payload == b"[DONE]":
+                                done = True
+                                continue
+                            obj = json.loads(payload)
+                            choices = obj.get("choices")
+                            if choices:
+                                c = choices[0]
+                                if chat:
+                                    d = c.get("delta") or {}
+                                    text = d.get("content") or d.get("reasoning_content") or d.get("reasoning")
+                                else:
+                                    text = c.get("text")
+                                if text:
+                                    chunks += 1
+                                    if first is None:
+                                        first = now
+                                    last = now
+                                    if times is not None:
+                                        times.append(now)
+                                if c.get("finish_reason"):
+                                    finish = c["finish_reason"]
+                            if obj.get("usage"):
+                                usage = obj["usage"]
+                            if "error" in obj and not choices:
+                                error = f"server error in stream: {_error_message(json.dumps(obj['error']))}"
+                    if error is None and not done and finish is None:
+                        error = f"stream ended early after {chunks} chunks (no finish_reason, no [DONE])"
+        except asyncio.CancelledError:
+            raise
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
+            error = describe_error(exc, self.timeouts)
+        if usage is not None:
+            out_tokens = int(usage.get("completion_tokens") or 0)
+            prompt_tokens = int(usage.get("prompt_tokens") or 0)
+            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+        else:
+            out_tokens, prompt_tokens, cached = chunks, 0, None
+        timing = StreamTiming(output_tokens=out_tokens, start=start, first_token=first, last_token=last,
+                              prompt_tokens=prompt_tokens, requested_tokens=max_tokens, error=error)
+        return StreamResult(timing=timing, chunk_times=times, finish_reason=finish, cached_tokens=cached,
+                            usage_reported=usage is not None)
+
+
+def _error_message(text: str) -> str:
+    """The `message` of an OpenAI-style error body, else the text itself (shortened)."""
+    try:
+        obj = json.loads(text)
+        if isinstance(obj, dict):
+            err = obj.get("error", obj)
+            if isinstance(err, dict) and err.get("message"):
+                return str(err["message"])[:300]
+            if obj.get("message"):
+                return str(obj["message"])[:300]
+    except ValueError:
+        pass
+    return text.strip()[:300] or "(empty body)"

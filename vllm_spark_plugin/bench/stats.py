@@ -1,0 +1,78 @@
+"""Per-trial and per-point numbers, computed with the seed definitions (`definitions.py`).
+
+For a point (one concurrency level of one workload on one endpoint) made of several trials:
+
+* per-stream decode rate: median across streams within each trial, then the median across trials
+  (`median_of_medians`); min and p10 are taken over every stream of every trial;
+* aggregate throughput: the seed definition per trial, then the median across trials;
+* TTFT p50/p90/p99 over every stream of every trial;
+* output-length validation: streams that ended before the requested length are counted in
+  `short_streams` and, unless asked otherwise, left out of the per-stream rate statistics (they are
+  shorter, hence faster, streams: averaging them in silently would flatter the point).  Aggregate
+  throughput counts every completed stream's tokens: it is work the server did.
+
+A trial row uses the same function with a single trial.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from ..definitions import StreamTiming, aggregate_throughput, median, median_of_medians, quantile
+
+
+@dataclass
+class Metrics:
+    requests: int
+    completed: int
+    errors: int
+    short_streams: int
+    per_stream_median_tps: float | None
+    per_stream_min_tps: float | None
+    per_stream_p10_tps: float | None
+    aggregate_tps: float | None
+    output_tps: float | None  # output tokens / wall time of the trial(s) (vllm bench's definition)
+    ttft_p50_s: float | None
+    ttft_p90_s: float | None
+    ttft_p99_s: float | None
+    output_tokens: int
+    prompt_tokens: int
+    duration_s: float
+    first_error: str | None = None
+
+
+def _rates(streams: Sequence[StreamTiming], include_short: bool) -> list[float]:
+    return [r for s in streams if s.error is None and (include_short or not s.short)
+            for r in (s.decode_rate,) if r is not None]
+
+
+def summarize(trials: Sequence[Sequence[StreamTiming]], durations: Sequence[float],
+              include_short: bool = False) -> Metrics:
+    """Metrics of one point (or one trial, with a single entry in `trials`)."""
+    all_streams = [s for t in trials for s in t]
+    ok = [s for s in all_streams if s.error is None]
+    per_trial_rates = [_rates(t, include_short) for t in trials]
+    pooled = [r for rates in per_trial_rates for r in rates]
+    aggregates = [a for a in (aggregate_throughput(t) for t in trials) if a is not None]
+    ttfts = [s.ttft for s in ok if s.ttft is not None]
+    out_tokens = sum(s.output_tokens for s in ok)
+    duration = float(sum(durations))
+    errors = [s.error for s in all_streams if s.error is not None]
+    return Metrics(
+        requests=len(all_streams),
+        completed=len(ok),
+        errors=len(errors),
+        short_streams=sum(1 for s in ok if s.short),
+        per_stream_median_tps=median_of_medians(per_trial_rates),
+        per_stream_min_tps=min(pooled) if pooled else None,
+        per_stream_p10_tps=quantile(pooled, 0.10),
+        aggregate_tps=median(aggregates),
+        output_tps=(out_tokens / duration) if duration > 0 and ok else None,
+        ttft_p50_s=quantile(ttfts, 0.50),
+        ttft_p90_s=quantile(ttfts, 0.90),
+        ttft_p99_s=quantile(ttfts, 0.99),
+        output_tokens=out_tokens,
+        prompt_tokens=sum(s.prompt_tokens for s in ok),
+        duration_s=duration,
+        first_error=errors[0] if errors else None,
+    )

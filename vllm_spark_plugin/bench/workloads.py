@@ -1,0 +1,111 @@
+"""Benchmark workloads (seed 003's protocol) and the prompts they send.
+
+* `code`: 16 Python tasks, temperature 0, 1,000 requested output tokens;
+* `prose`: 16 English writing topics, temperature 0.7, 500 requested output tokens (seed 003 used
+  300-600);
+* `random`: random-token prompts of a fixed length (the shape `vllm bench serve --dataset-name
+  random` uses), temperature 0, 256 output tokens.
+
+Each stream of a wave gets a distinct prompt.  With `unique` on (the default) every request also
+carries a short unique tag at the start, so no request hits the prefix cache of an earlier one and
+TTFT always includes the full prefill.
+"""
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from importlib import resources
+from typing import Union
+
+Prompt = Union[str, list[int]]  # text, or token ids (completions API only)
+
+WORKLOAD_NAMES = ("code", "prose", "random")
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    temperature: float
+    output_tokens: int
+    input_tokens: int | None = None  # random workload only
+
+    def describe(self) -> str:
+        extra = f", {self.input_tokens} input tokens" if self.input_tokens else ""
+        return f"{self.name}: {self.output_tokens} output tokens, temperature {self.temperature:g}{extra}"
+
+
+DEFAULTS = {
+    "code": Workload("code", temperature=0.0, output_tokens=1000),
+    "prose": Workload("prose", temperature=0.7, output_tokens=500),
+    "random": Workload("random", temperature=0.0, output_tokens=256, input_tokens=256),
+}
+
+
+def make_workload(name: str, output_tokens: int | None = None, temperature: float | None = None,
+                  input_tokens: int | None = None) -> Workload:
+    if name not in DEFAULTS:
+        raise ValueError(f"unknown workload {name!r}; choose from {', '.join(WORKLOAD_NAMES)}")
+    base = DEFAULTS[name]
+    return Workload(name,
+                    temperature=base.temperature if temperature is None else temperature,
+                    output_tokens=base.output_tokens if output_tokens is None else output_tokens,
+                    input_tokens=(input_tokens or base.input_tokens) if name == "random" else None)
+
+
+def prompt_sets() -> dict[str, list[str]]:
+    """The shipped code and prose prompt sets (16 each)."""
+    data = json.loads(resources.files(__package__).joinpath("prompts.json").read_text(encoding="utf-8"))
+    return {"code": list(data["code"]), "prose": list(data["prose"])}
+
+
+def _word_pool() -> list[str]:
+    words: set[str] = set()
+    for texts in prompt_sets().values():
+        for t in texts:
+            words.update(w.strip(".,:;!?'\"()").lower() for w in t.split())
+    return sorted(w for w in words if w.isalpha())
+
+
+class PromptFactory:
+    """Prompts for one run: distinct per stream, unique per request when asked.
+
+    `token_pool` holds token ids known to be ordinary tokens of the served model (from the server's
+    `/tokenize` endpoint); with it, random prompts are exact-length token-id lists for the completions
+    API.  Without it (or for the chat API) random prompts are random words, whose token count the
+    server reports back in `usage`.
+    """
+
+    def __init__(self, run_id: str, unique: bool = True, token_pool: list[int] | None = None,
+                 tokens_per_word: float = 1.3, seed: int | None = None) -> None:
+        self.run_id = run_id
+        self.unique = unique
+        self.token_pool = list(token_pool or [])
+        self.tokens_per_word = tokens_per_word
+        self.sets = prompt_sets()
+        self.words = _word_pool()
+        self.rng = random.Random(seed)
+        self.counter = 0
+
+    def _tag(self) -> str:
+        self.counter += 1
+        return f"[{self.run_id}-{self.counter}] "
+
+    def prompt(self, workload: Workload, stream_index: int, token_ids: bool) -> Prompt:
+        """The prompt for stream `stream_index` of a wave (distinct within a wave of up to 16)."""
+        if workload.name == "random":
+            return self.random_prompt(workload.input_tokens or 256, token_ids)
+        texts = self.sets[workload.name]
+        text = texts[stream_index % len(texts)]
+        return (self._tag() + text) if self.unique else text
+
+    def random_prompt(self, n_tokens: int, token_ids: bool) -> Prompt:
+        """A random prompt of about `n_tokens` tokens (exactly, as token ids), never seen before."""
+        if token_ids and self.token_pool:
+            return [self.rng.choice(self.token_pool) for _ in range(n_tokens)]
+        n_words = max(1, round(n_tokens / self.tokens_per_word))
+        return self._tag() + " ".join(self.rng.choice(self.words) for _ in range(n_words))
+
+    def corpus(self) -> str:
+        """All shipped prompt text (what `/tokenize` is asked about to build the token pool)."""
+        return "\n".join(t for texts in self.sets.values() for t in texts)

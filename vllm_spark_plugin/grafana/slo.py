@@ -1,0 +1,63 @@
+"""The user's SLOs and thresholds, shared by the dashboards and the alert rules.
+
+Histogram-based SLOs are exact only when the threshold is a bucket bound: the error ratio is
+`1 - bucket{le=THRESHOLD} / count`.  The TTFT SLO must therefore be one of `TTFT_BUCKETS` and the
+per-stream floor one of `STREAM_RATE_BUCKETS` (vllm_spark_plugin/metrics/names.py).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from vllm_spark_plugin.definitions import DEFAULT_FLOOR_TOKENS_PER_SECOND
+from vllm_spark_plugin.metrics.names import STREAM_RATE_BUCKETS, TTFT_BUCKETS
+
+DEFAULT_RUNBOOK_BASE = "alerts/runbooks/"
+
+
+class SLOError(ValueError):
+    """A threshold the dashboards and rules cannot use; the message names the value and the fix."""
+
+
+@dataclass(frozen=True)
+class SLOConfig:
+    ttft_slo_seconds: float = 2.0          # seed 001: median TTFT reached about 2 s at 64 streams
+    floor_tokens_per_second: float = DEFAULT_FLOOR_TOKENS_PER_SECOND  # seed 003's capacity reference
+    knee_warn: float = 0.8                 # knee ratio (running / K) shown amber from here
+    knee_crit: float = 1.0                 # ... red from here; "serving past the knee"
+    ttft_slo_target: float = 0.99          # share of requests whose TTFT must be <= the SLO
+    rate_slo_target: float = 0.95          # share of requests whose per-stream rate must be > floor
+    min_requests: int = 20                 # burn-rate alerts stay silent below this many requests
+    job: str = "vllm"                      # Prometheus job scraping vLLM (for up / absent alerts)
+    runbook_base_url: str = DEFAULT_RUNBOOK_BASE
+
+    def validate(self) -> "SLOConfig":
+        if not _on_bound(self.ttft_slo_seconds, TTFT_BUCKETS):
+            raise SLOError(
+                f"--ttft-slo {self.ttft_slo_seconds:g}: not a TTFT histogram bucket bound, so the SLO "
+                f"could not be computed exactly; choose one of {', '.join(f'{b:g}' for b in TTFT_BUCKETS)}")
+        if not _on_bound(self.floor_tokens_per_second, STREAM_RATE_BUCKETS):
+            raise SLOError(
+                f"--floor {self.floor_tokens_per_second:g}: not a per-stream-rate histogram bucket bound; "
+                f"choose one of {', '.join(f'{b:g}' for b in STREAM_RATE_BUCKETS)}")
+        for name, v in (("--knee-warn", self.knee_warn), ("--knee-crit", self.knee_crit)):
+            if not (math.isfinite(v) and v > 0):
+                raise SLOError(f"{name} {v!r}: expected a positive knee ratio")
+        if self.knee_warn >= self.knee_crit:
+            raise SLOError(f"--knee-warn {self.knee_warn:g} must be below --knee-crit {self.knee_crit:g}")
+        for name, v in (("--ttft-slo-target", self.ttft_slo_target), ("--rate-slo-target", self.rate_slo_target)):
+            # 14.4 x the error budget must stay below 1 or the fast page could never fire
+            if not (0.5 <= v < 1):
+                raise SLOError(f"{name} {v!r}: expected a fraction in [0.5, 1), e.g. 0.99")
+        if self.min_requests < 0:
+            raise SLOError(f"--min-requests {self.min_requests!r}: expected a count >= 0")
+        if not self.job or any(c in self.job for c in '"\\\n'):
+            raise SLOError(f"--job {self.job!r}: expected a plain Prometheus job name")
+        return self
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _on_bound(value: float, bounds) -> bool:
+    return any(math.isclose(value, b, rel_tol=0, abs_tol=1e-12) for b in bounds)

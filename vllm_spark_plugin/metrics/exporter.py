@@ -1,0 +1,291 @@
+"""Per-process exporter state: labelled instrument children, the online knee estimators, and the
+background thread that samples hardware and refreshes the knee gauges off the hot path.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import math
+import os
+import threading
+import time
+
+from vllm_spark_plugin import __version__
+from vllm_spark_plugin import settings as settings_mod
+from vllm_spark_plugin.metrics import errors, instruments
+from vllm_spark_plugin.metrics.derive import DerivedStep
+
+log = logging.getLogger("vllm_spark_plugin")
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _fmt_floor(f: float) -> str:
+    return f"{f:g}"
+
+
+class EngineChildren:
+    """Labelled children cached once: `.labels()` costs ~2 us per call on the hot path."""
+
+    def __init__(self, ins: instruments.Instruments, model: str, engine: str) -> None:
+        lv = (model, engine)
+        self.step_batch = ins.step_batch.labels(*lv)
+        self.step_prefill = ins.step_tokens.labels(*lv, "prefill")
+        self.step_decode = ins.step_tokens.labels(*lv, "decode")
+        self.step_duration = ins.step_duration.labels(*lv)
+        self.kv_used = ins.kv_used.labels(*lv)
+        self.kv_total = ins.kv_total.labels(*lv)
+        self.running = ins.running.labels(*lv)
+        self.waiting = ins.waiting.labels(*lv)
+        self.preemptions = ins.preemptions.labels(*lv)
+        self.ttft = ins.ttft.labels(*lv)
+        self.stream_rate = ins.stream_rate.labels(*lv)
+        self.generation_tokens = ins.generation_tokens.labels(*lv)
+        self.prompt_tokens = ins.prompt_tokens.labels(*lv)
+        self._finished = ins.finished
+        self._lv = lv
+        self._finished_children: dict = {}
+        self.invalid = ins.errors.labels(where="invalid_stats")
+
+    def finished(self, reason: str):
+        c = self._finished_children.get(reason)
+        if c is None:
+            c = self._finished_children[reason] = self._finished.labels(*self._lv, reason)
+        return c
+
+
+class EngineState:
+    def __init__(self, exporter: "Exporter", engine: str) -> None:
+        self.engine = engine
+        self.children = EngineChildren(exporter.ins, exporter.model, engine)
+        self.knee = exporter.new_estimator()
+        self.batch_sum = 0
+        self.batch_n = 0
+
+    def record(self, d: DerivedStep) -> None:
+        c = self.children
+        if d.invalid:
+            c.invalid.inc(d.invalid)
+        if d.batch is not None and (d.batch > 0 or d.step_seconds is not None):
+            if d.batch > 0:
+                c.step_batch.observe(d.batch)
+            self.batch_sum += d.batch
+            self.batch_n += 1
+        if d.step_seconds is not None:
+            c.step_duration.observe(d.step_seconds)
+            if d.prefill_tokens:
+                c.step_prefill.observe(d.prefill_tokens)
+            if d.decode_tokens:
+                c.step_decode.observe(d.decode_tokens)
+            if self.knee is not None and d.batch:
+                self.knee.observe(d.batch, d.prefill_tokens or 0, d.step_seconds, d.tokens_per_stream)
+        if d.kv_used is not None:
+            c.kv_used.set(d.kv_used)
+        if d.running is not None:
+            c.running.set(d.running)
+        if d.waiting is not None:
+            c.waiting.set(d.waiting)
+        if d.generation_tokens:
+            c.generation_tokens.inc(d.generation_tokens)
+        if d.prompt_tokens:
+            c.prompt_tokens.inc(d.prompt_tokens)
+        if d.preempted:
+            c.preemptions.inc(d.preempted)
+        for t in d.ttfts:
+            c.ttft.observe(t)
+        for r in d.stream_rates:
+            c.stream_rate.observe(r)
+        for reason in d.finished_reasons:
+            c.finished(reason).inc()
+
+    def take_mean_batch(self) -> float:
+        n, s = self.batch_n, self.batch_sum
+        self.batch_n = 0
+        self.batch_sum = 0
+        return s / n if n else 0.0
+
+
+class Exporter:
+    def __init__(self, model: str, settings: settings_mod.Settings | None = None) -> None:
+        self.settings = settings or settings_mod.load()
+        self.model = model
+        self.ins = instruments.get()
+        self.engines: dict[int, EngineState] = {}
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._hw = None
+        self._hw_leader = None
+        self.total_blocks: int | None = None
+
+    # -- engines ----------------------------------------------------------------------------------
+    def new_estimator(self):
+        try:
+            from vllm_spark_plugin.knee.online import OnlineKneeEstimator
+            s = self.settings
+            return OnlineKneeEstimator(window=s.knee_window, halflife_seconds=s.knee_halflife_seconds,
+                                       refit_seconds=s.knee_refit_seconds, floors=s.floors)
+        except Exception as exc:
+            errors.report("knee_init", exc)
+            return None
+
+    def engine(self, idx: int) -> EngineState:
+        st = self.engines.get(idx)
+        if st is None:
+            with self._lock:
+                st = self.engines.get(idx)
+                if st is None:
+                    st = self.engines[idx] = EngineState(self, str(idx))
+                    if self.total_blocks:
+                        st.children.kv_total.set(self.total_blocks)
+        return st
+
+    def set_total_blocks(self, total: int | None) -> None:
+        if total:
+            self.total_blocks = total
+            for st in self.engines.values():
+                st.children.kv_total.set(total)
+
+    # -- static series ----------------------------------------------------------------------------
+    def set_info(self, vllm_version: str, device: str, moe_backend: str) -> None:
+        self.ins.info.labels(__version__, vllm_version, device, moe_backend or "none", self.model).set(1)
+
+    def load_profile(self, path: str) -> bool:
+        """Offline capacity profile (written by `vllm-spark bench`) shown beside the live knee."""
+        try:
+            with open(path, encoding="utf-8") as fh:
+                prof = json.load(fh)
+            knee = prof.get("knee")
+            plateau = prof.get("plateau_tokens_per_second")
+            if _finite(knee):
+                self.ins.profile_knee.labels(self.model).set(knee)
+            if _finite(plateau):
+                self.ins.profile_max.labels(self.model).set(plateau)
+            for floor, streams in (prof.get("capacity") or {}).items():
+                if _finite(streams):
+                    self.ins.profile_capacity.labels(self.model, _fmt_floor(float(floor))).set(streams)
+            return True
+        except Exception as exc:
+            errors.report("profile", exc)
+            return False
+
+    # -- background work --------------------------------------------------------------------------
+    def start_background(self) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._loop, name="vllm-spark-telemetry", daemon=True)
+        self._thread.start()
+
+    def stop_background(self) -> None:
+        self._stop.set()
+
+    def _loop(self) -> None:
+        period = self.settings.hardware_interval_seconds
+        next_knee = 0.0
+        while not self._stop.is_set():
+            try:
+                self.sample_hardware()
+            except Exception as exc:
+                errors.report("hardware", exc)
+            now = time.monotonic()
+            if now >= next_knee:
+                next_knee = now + self.settings.knee_refit_seconds
+                try:
+                    self.refresh_knee()
+                except Exception as exc:
+                    errors.report("knee", exc)
+            self._stop.wait(period)
+
+    def _is_hw_leader(self) -> bool:
+        """Only one process samples hardware, or N API servers would count energy N times."""
+        if self._hw_leader is not None:
+            return self._hw_leader
+        d = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        if not d:
+            self._hw_leader = True
+            return True
+        try:
+            self._lock_fh = open(os.path.join(d, "vllm_spark_hardware.lock"), "w")
+            fcntl.flock(self._lock_fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self._hw_leader = True
+        except OSError:
+            self._hw_leader = False
+        return self._hw_leader
+
+    def sample_hardware(self, nvml=None) -> None:
+        from vllm_spark_plugin.metrics import hardware
+        if not self._is_hw_leader():
+            return
+        ins = self.ins
+        try:
+            mem = hardware.read_meminfo()
+            for kind, v in mem.items():
+                ins.memory.labels(kind).set(v)
+        except Exception as exc:
+            errors.report("meminfo", exc)
+        for (kind, window), v in hardware.read_psi().items():
+            ins.pressure.labels(kind, window).set(v)
+        if self._hw is None:
+            self._hw = hardware.NvmlSampler(nvml)
+            self._hw.init()
+        if not self._hw.available:
+            return
+        for r in self._hw.sample():
+            g = r["gpu"]
+            if "energy_delta_j" in r and r["energy_delta_j"] > 0:
+                ins.energy.labels(g).inc(r["energy_delta_j"])
+            elif "energy_delta_j" in r:
+                ins.energy.labels(g).inc(0)
+            if "power_w" in r:
+                ins.power.labels(g).set(r["power_w"])
+            if "sm_clock_hz" in r:
+                ins.sm_clock.labels(g).set(r["sm_clock_hz"])
+            if "temperature_c" in r:
+                ins.temperature.labels(g).set(r["temperature_c"])
+            if "utilization" in r:
+                ins.utilization.labels(g).set(r["utilization"])
+            for reason, active in r.get("reasons", {}).items():
+                ins.clock_event.labels(g, reason).set(active)
+
+    def refresh_knee(self) -> None:
+        """Refit each engine's step-time model and set the knee gauges (never NaN or infinite)."""
+        ins = self.ins
+        for st in list(self.engines.values()):
+            mean_batch = st.take_mean_batch()
+            if st.knee is None:
+                continue
+            res = st.knee.estimate()
+            lv = (self.model, st.engine)
+            n = getattr(res, "n", None) if res is not None else None
+            ins.fit_samples.labels(*lv).set(n if _finite(n) else 0)
+            if res is None:
+                continue
+            verdict = str(getattr(res, "verdict", "unknown"))
+            for v in ("ok", "no knee in the measured range", "retrograde", "too few points", "no spread", "invalid input"):
+                ins.verdict.labels(*lv, v).set(1 if v == verdict else 0)
+            knee = getattr(res, "knee", None)
+            for gauge, value in ((ins.knee, knee), (ins.max_throughput, getattr(res, "plateau_tokens_per_second", None)),
+                                 (ins.alpha, getattr(res, "alpha_seconds", None)), (ins.beta, getattr(res, "beta_seconds", None)),
+                                 (ins.fit_r2, getattr(res, "r2", None))):
+                if _finite(value):
+                    gauge.labels(*lv).set(value)
+            for floor, streams in (getattr(res, "capacity", None) or {}).items():
+                if _finite(streams):
+                    ins.capacity.labels(*lv, _fmt_floor(float(floor))).set(streams)
+            if _finite(knee) and knee > 0:
+                ins.knee_ratio.labels(*lv).set(mean_batch / knee)
+
+
+_exporter: Exporter | None = None
+_exporter_lock = threading.Lock()
+
+
+def get(model: str) -> Exporter:
+    global _exporter
+    with _exporter_lock:
+        if _exporter is None:
+            _exporter = Exporter(model)
+        return _exporter

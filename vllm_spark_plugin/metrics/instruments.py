@@ -1,0 +1,86 @@
+"""The Prometheus instruments of the metric contract (created once per process).
+
+They live in prometheus-client's default registry, which vLLM's `/metrics` serves; vLLM only
+unregisters collectors whose names start with `vllm:`.  When vLLM runs several API servers it switches
+prometheus-client to multiprocess mode: histograms and counters then add up across processes, and
+gauges report the most recent value written by any process (`multiprocess_mode="mostrecent"`).
+"""
+from __future__ import annotations
+
+import threading
+
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+
+from vllm_spark_plugin.metrics import errors
+from vllm_spark_plugin.metrics import names as n
+
+LABELS = ("model_name", "engine")
+_lock = threading.Lock()
+_instance = None
+
+
+def _gauge(name, doc, labels=LABELS, registry=REGISTRY):
+    return Gauge(name, doc, labels, registry=registry, multiprocess_mode="mostrecent")
+
+
+class Instruments:
+    def __init__(self, registry=REGISTRY) -> None:
+        r = registry
+        self.step_batch = Histogram(n.STEP_BATCH_SIZE, "Requests scheduled in each engine step (the batch that shared the forward pass).",
+                                    LABELS, buckets=n.BATCH_BUCKETS, registry=r)
+        self.step_tokens = Histogram(n.STEP_TOKENS, "Tokens scheduled in each engine step, by phase (prefill or decode).",
+                                     LABELS + ("phase",), buckets=n.STEP_TOKEN_BUCKETS, registry=r)
+        self.step_duration = Histogram(n.STEP_DURATION, "Wall time of each engine step (schedule to output), seconds.",
+                                       LABELS, buckets=n.STEP_DURATION_BUCKETS, registry=r)
+        self.kv_used = _gauge(n.KV_BLOCKS_USED, "KV-cache blocks in use after the latest step.", registry=r)
+        self.kv_total = _gauge(n.KV_BLOCKS_TOTAL, "KV-cache blocks in the pool (vLLM's num_gpu_blocks).", registry=r)
+        self.running = _gauge(n.RUNNING, "Running requests after the latest step.", registry=r)
+        self.waiting = _gauge(n.WAITING, "Waiting requests after the latest step.", registry=r)
+        self.preemptions = Counter(n.PREEMPTIONS, "Requests preempted.", LABELS, registry=r)
+        self.ttft = Histogram(n.TTFT, "Time to first token (queueing + prefill) of each request, seconds.",
+                              LABELS, buckets=n.TTFT_BUCKETS, registry=r)
+        self.stream_rate = Histogram(n.STREAM_RATE, "Per-stream decode rate of each finished request: "
+                                     "(output tokens - 1) / (last token time - first token time), tokens/s.",
+                                     LABELS, buckets=n.STREAM_RATE_BUCKETS, registry=r)
+        self.generation_tokens = Counter(n.GENERATION_TOKENS, "Tokens generated.", LABELS, registry=r)
+        self.prompt_tokens = Counter(n.PROMPT_TOKENS, "Prompt tokens processed.", LABELS, registry=r)
+        self.finished = Counter(n.REQUESTS_FINISHED, "Requests finished, by reason.", LABELS + ("reason",), registry=r)
+        # knee (online estimator) and offline profile
+        self.knee = _gauge(n.KNEE_BATCH, "Live knee estimate K = alpha/beta of the step-time model t(b) = alpha + beta*b, streams.", registry=r)
+        self.max_throughput = _gauge(n.MAX_THROUGHPUT, "Live plateau 1/beta of the step-time model, tokens/s.", registry=r)
+        self.capacity = _gauge(n.CAPACITY_STREAMS, "Highest batch size whose modelled per-stream rate meets the floor (label floor, tok/s).",
+                               LABELS + ("floor",), registry=r)
+        self.knee_ratio = _gauge(n.KNEE_RATIO, "Mean running batch over the last refit interval divided by the live knee K.", registry=r)
+        self.alpha = _gauge(n.STEP_ALPHA, "Fitted fixed cost per decode step (alpha), seconds.", registry=r)
+        self.beta = _gauge(n.STEP_BETA, "Fitted cost per stream per decode step (beta), seconds.", registry=r)
+        self.fit_r2 = _gauge(n.KNEE_FIT_R2, "Quality (R^2) of the live step-time fit.", registry=r)
+        self.fit_samples = _gauge(n.KNEE_FIT_SAMPLES, "Engine steps in the live fit window.", registry=r)
+        self.verdict = _gauge(n.KNEE_VERDICT, "1 for the current verdict of the live fit (label verdict).", LABELS + ("verdict",), registry=r)
+        self.profile_knee = _gauge(n.PROFILE_KNEE_BATCH, "Knee from the offline sweep profile (SPARK_PLUGIN_PROFILE), streams.", ("model_name",), registry=r)
+        self.profile_max = _gauge(n.PROFILE_MAX_THROUGHPUT, "Plateau from the offline sweep profile, tokens/s.", ("model_name",), registry=r)
+        self.profile_capacity = _gauge(n.PROFILE_CAPACITY_STREAMS, "Capacity at the floor from the offline sweep profile, streams.",
+                                       ("model_name", "floor"), registry=r)
+        # hardware
+        self.energy = Counter(n.GPU_ENERGY, "GPU energy since the plugin started (NVML total energy deltas), joules.", ("gpu",), registry=r)
+        self.power = _gauge(n.GPU_POWER, "GPU power draw, watts.", ("gpu",), registry=r)
+        self.sm_clock = _gauge(n.GPU_SM_CLOCK, "GPU SM clock, hertz.", ("gpu",), registry=r)
+        self.temperature = _gauge(n.GPU_TEMPERATURE, "GPU temperature, degrees Celsius.", ("gpu",), registry=r)
+        self.utilization = _gauge(n.GPU_UTILIZATION, "GPU utilisation, 0-1.", ("gpu",), registry=r)
+        self.clock_event = _gauge(n.GPU_CLOCK_EVENT, "1 while a clock-event (throttle) reason is active.", ("gpu", "reason"), registry=r)
+        self.memory = _gauge(n.UNIFIED_MEMORY, "Host/unified memory from /proc/meminfo, bytes (kind=total|available|used).", ("kind",), registry=r)
+        self.pressure = _gauge(n.MEMORY_PRESSURE, "Memory pressure stall information (/proc/pressure/memory), share of time 0-1.",
+                               ("kind", "window"), registry=r)
+        # plugin
+        self.errors = Counter(n.PLUGIN_ERRORS, "Exceptions and invalid values the plugin contained instead of letting them reach vLLM.",
+                              ("where",), registry=r)
+        self.info = _gauge(n.INFO, "Plugin build and environment (value 1).",
+                           ("version", "vllm_version", "device", "moe_backend", "model_name"), registry=r)
+        errors.bind_counter(self.errors)
+
+
+def get() -> Instruments:
+    global _instance
+    with _lock:
+        if _instance is None:
+            _instance = Instruments()
+        return _instance
