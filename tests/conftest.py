@@ -6,6 +6,7 @@ lazily started: a run that selects no server test starts none.
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -14,18 +15,22 @@ from vllm_spark_plugin.testbed.server import VllmServer
 from vllm_spark_plugin.testbed.tiny_model import ensure_tiny_model
 
 ROOT = Path(__file__).resolve().parent.parent
-ARTIFACTS = Path(os.environ.get("SPARK_TEST_ARTIFACTS", "/tmp/vllm-spark-test"))
 
 
 @pytest.fixture(scope="session")
 def artifacts_dir() -> Path:
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    return ARTIFACTS
+    """Server logs and outputs of this test session (SPARK_TEST_ARTIFACTS to keep them somewhere)."""
+    path = os.environ.get("SPARK_TEST_ARTIFACTS")
+    if path:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        return Path(path)
+    return Path(tempfile.mkdtemp(prefix="vllm-spark-test-"))
 
 
 @pytest.fixture(scope="session")
-def tiny_model_path(artifacts_dir) -> Path:
-    return ensure_tiny_model(artifacts_dir / "tiny-qwen3-moe")
+def tiny_model_path() -> Path:
+    """The tiny model, built once per machine into the user cache (deterministic, atomic)."""
+    return ensure_tiny_model()
 
 
 def _start(model_path, artifacts_dir, name, **kw) -> VllmServer:
@@ -35,9 +40,22 @@ def _start(model_path, artifacts_dir, name, **kw) -> VllmServer:
 
 
 @pytest.fixture(scope="session")
-def vllm_server(tiny_model_path, artifacts_dir):
-    """The main CPU `vllm serve` with the plugin (shared by every server test)."""
-    server = _start(tiny_model_path, artifacts_dir, "vllm-server-main")
+def otlp_receiver():
+    from otlp_receiver import OtlpReceiver
+    rx = OtlpReceiver().start()
+    yield rx
+    rx.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny_model_path, artifacts_dir, otlp_receiver):
+    """The main CPU `vllm serve` with the plugin (shared by every server test).
+
+    Its OpenTelemetry bridge is on, exporting to a real OTLP/HTTP receiver every 2 s.
+    """
+    server = _start(tiny_model_path, artifacts_dir, "vllm-server-main",
+                    env={"SPARK_PLUGIN_OTEL_ENDPOINT": otlp_receiver.endpoint,
+                         "SPARK_PLUGIN_OTEL_INTERVAL_SECONDS": "2"})
     yield server
     server.stop()
 
@@ -46,6 +64,14 @@ def vllm_server(tiny_model_path, artifacts_dir):
 def second_vllm_server(tiny_model_path, artifacts_dir):
     """A second plugin server on another loopback port (fleet tests)."""
     server = _start(tiny_model_path, artifacts_dir, "vllm-server-second")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def multi_api_server(tiny_model_path, artifacts_dir):
+    """Two API-server processes in front of one engine (prometheus-client multiprocess mode)."""
+    server = _start(tiny_model_path, artifacts_dir, "vllm-server-multi-api", extra_args=["--api-server-count", "2"])
     yield server
     server.stop()
 

@@ -12,10 +12,11 @@ from vllm_spark_plugin.definitions import StreamTiming
 
 async def _one(session, base_url, model, prompt, max_tokens) -> tuple[StreamTiming, int]:
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
-            "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
+            "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}, "ignore_eos": True}
     start = time.monotonic()
     first = last = None
     usage_tokens = 0
+    first_tokens = 1
     async with session.post(base_url + "/v1/completions", json=body) as resp:
         resp.raise_for_status()
         async for raw in resp.content:
@@ -27,10 +28,13 @@ async def _one(session, base_url, model, prompt, max_tokens) -> tuple[StreamTimi
                 usage_tokens = chunk["usage"]["completion_tokens"]
             if chunk.get("choices") and chunk["choices"][0].get("text"):
                 now = time.monotonic()
-                first = first or now
+                if first is None:
+                    first = now
+                    first_tokens = max(1, usage_tokens)
                 last = now
     return StreamTiming(output_tokens=usage_tokens, start=start, first_token=first, last_token=last,
-                        requested_tokens=max_tokens), usage_tokens
+                        requested_tokens=max_tokens,
+                        first_arrival_tokens=first_tokens), usage_tokens
 
 
 def run_streams(base_url: str, model: str, concurrency: int, max_tokens: int = 64,

@@ -58,12 +58,17 @@ def _split_target(target: str) -> tuple[str, str, str]:
 class PrometheusProcess:
     """One Prometheus server scraping `targets` (URLs or host:port) under job `job` every `interval`."""
 
-    def __init__(self, targets: Sequence[str], *, job: str = "vllm", interval: str = "1s",
+    def __init__(self, targets: Sequence[str] = (), *, job: str = "vllm", interval: str = "1s",
                  rule_files: Iterable[str | os.PathLike] = (), evaluation_interval: str = "1s",
-                 binary: str = PROMETHEUS_BINARY, extra_args: Sequence[str] = ()):
-        if not targets:
-            raise ValueError("PrometheusProcess needs at least one scrape target")
+                 binary: str = PROMETHEUS_BINARY, extra_args: Sequence[str] = (),
+                 config_file: str | os.PathLike | None = None, env: dict[str, str] | None = None):
+        """Either `targets` (a config is written) or `config_file` (used as it is, relative paths in it
+        resolved from its directory, environment `env` added for external-label expansion)."""
+        if not targets and config_file is None:
+            raise ValueError("PrometheusProcess needs scrape targets or a config_file")
         self.targets = list(targets)
+        self.config_file = Path(config_file).resolve() if config_file is not None else None
+        self.env = dict(env or {})
         self.job = job
         self.interval = interval
         self.evaluation_interval = evaluation_interval
@@ -117,15 +122,19 @@ class PrometheusProcess:
         if not os.path.exists(self.binary):
             raise FileNotFoundError(f"{self.binary} not found: apt-get install prometheus")
         self.workdir = Path(tempfile.mkdtemp(prefix="vllm-spark-prom-"))
-        cfg_path = self.workdir / "prometheus.yml"
-        cfg_path.write_text(yaml.safe_dump(self.config(), sort_keys=True))
+        if self.config_file is not None:
+            cfg_path = self.config_file
+        else:
+            cfg_path = self.workdir / "prometheus.yml"
+            cfg_path.write_text(yaml.safe_dump(self.config(), sort_keys=True))
         self.port = free_port()
         self._log = open(self.log_path, "wb")
         self._proc = subprocess.Popen(
             [self.binary, f"--config.file={cfg_path}", f"--storage.tsdb.path={self.workdir / 'data'}",
              f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=1d",
              "--log.level=warn", *self.extra_args],
-            stdout=self._log, stderr=subprocess.STDOUT, cwd=self.workdir)
+            stdout=self._log, stderr=subprocess.STDOUT, cwd=self.workdir,
+            env={**os.environ, **self.env}, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:

@@ -26,11 +26,9 @@ def register() -> None:
 
 
 def _adopt_vllm_logging() -> None:
-    """Log through vLLM's handlers, so the plugin's lines look like vLLM's and show at INFO."""
+    """Route the plugin's log records through vLLM's logger, so they look like vLLM's lines and
+    appear at INFO.  vLLM configures its handlers lazily (after plugins load in the API server), so
+    the plugin's logger is made a child of "vllm" rather than copying handlers."""
     import logging
-    ours, theirs = logging.getLogger("vllm_spark_plugin"), logging.getLogger("vllm")
-    if theirs.handlers and not ours.handlers:
-        for h in theirs.handlers:
-            ours.addHandler(h)
-        ours.setLevel(theirs.level or logging.INFO)
-        ours.propagate = False
+    ours = logging.getLogger("vllm_spark_plugin")
+    ours.parent = logging.getLogger("vllm")

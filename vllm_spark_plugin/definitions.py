@@ -24,17 +24,23 @@ def _finite(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def stream_decode_rate(output_tokens, decode_seconds) -> float | None:
+def stream_decode_rate(output_tokens, decode_seconds, first_arrival_tokens: int = 1) -> float | None:
     """(output tokens - 1) / (last token time - first token time); None when undefined.
 
     `decode_seconds` is the interval from the first to the last token.  A stream with fewer than two
     tokens or a non-positive interval has no decode rate (it is not a rate of 0).
+
+    A streaming server coalesces tokens into one chunk when its reader falls behind, so a client can
+    see its first chunk carry k > 1 tokens.  Those k - 1 tokens did not take the interval to arrive:
+    with `first_arrival_tokens=k` the rate is (output tokens - k) / interval, which is the seed
+    definition when every token arrives on its own (k = 1).
     """
     if not (_finite(output_tokens) and _finite(decode_seconds)):
         return None
-    if output_tokens < 2 or decode_seconds <= 0:
+    k = first_arrival_tokens if _finite(first_arrival_tokens) and first_arrival_tokens >= 1 else 1
+    if output_tokens - k < 1 or decode_seconds <= 0:
         return None
-    return (output_tokens - 1) / decode_seconds
+    return (output_tokens - k) / decode_seconds
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,7 @@ class StreamTiming:
     prompt_tokens: int = 0
     requested_tokens: int | None = None
     error: str | None = None
+    first_arrival_tokens: int = 1  # tokens in the first chunk (coalesced by a busy server)
 
     @property
     def ttft(self) -> float | None:
@@ -57,7 +64,7 @@ class StreamTiming:
     def decode_rate(self) -> float | None:
         if self.first_token is None or self.last_token is None:
             return None
-        return stream_decode_rate(self.output_tokens, self.last_token - self.first_token)
+        return stream_decode_rate(self.output_tokens, self.last_token - self.first_token, self.first_arrival_tokens)
 
     @property
     def short(self) -> bool:

@@ -72,7 +72,7 @@ def _parse(kind, raw):
     return str(raw)
 
 
-_KINDS = {"disable": bool, "scheduler_hook": bool, "floors": "floors", "ttft_slo_seconds": float,
+_KINDS = {"disable": bool, "scheduler_hook": bool, "floors": "floats", "ttft_slo_seconds": float,
           "knee_window": int, "knee_halflife_seconds": float, "knee_refit_seconds": float,
           "profile": str, "hardware_interval_seconds": float, "otel_endpoint": str,
           "otel_interval_seconds": float, "moe_backend": str, "memory_guard": bool}

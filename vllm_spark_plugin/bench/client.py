@@ -39,11 +39,24 @@ class StreamResult:
 @dataclass(frozen=True)
 class Timeouts:
     connect: float = 10.0   # TCP connect
-    read: float = 120.0     # longest silence between two reads of a stream
+    read: float = 120.0     # longest silence within a request (before headers or between chunks)
     total: float = 3600.0   # whole request
 
     def client_timeout(self) -> aiohttp.ClientTimeout:
-        return aiohttp.ClientTimeout(total=self.total, sock_connect=self.connect, sock_read=self.read)
+        # No aiohttp sock_read: it re-arms a timer on every read (heap churn that costs more CPU than
+        # the parsing); one watchdog per client checks every stream's last activity instead.
+        return aiohttp.ClientTimeout(total=self.total, sock_connect=self.connect)
+
+
+class _Live:
+    """An in-flight request as the watchdog sees it."""
+
+    __slots__ = ("last", "task", "timed_out")
+
+    def __init__(self, now: float, task: asyncio.Task | None) -> None:
+        self.last = now
+        self.task = task
+        self.timed_out = False
 
 
 def normalize_endpoint(url: str) -> str:
@@ -62,7 +75,9 @@ def normalize_endpoint(url: str) -> str:
 def describe_error(exc: BaseException, timeouts: Timeouts) -> str:
     """A short, specific message for a failed request."""
     if isinstance(exc, aiohttp.ClientConnectorError):
-        return f"cannot connect to {exc.host}:{exc.port} ({exc.os_error.strerror or exc.os_error})"
+        why = ("connection refused" if isinstance(exc.os_error, ConnectionRefusedError)
+               else exc.os_error.strerror or str(exc.os_error))
+        return f"cannot connect to {exc.host}:{exc.port} ({why})"
     if isinstance(exc, aiohttp.ServerDisconnectedError):
         return "server closed the connection"
     if isinstance(exc, aiohttp.ClientPayloadError):
@@ -99,12 +114,26 @@ class OpenAIStreamClient:
         connector = aiohttp.TCPConnector(limit=self.max_connections, ttl_dns_cache=300)
         self._session = aiohttp.ClientSession(connector=connector, timeout=self.timeouts.client_timeout(),
                                               headers=self.headers, auto_decompress=False)
+        self._live: set[_Live] = set()
+        self._watchdog_task = asyncio.create_task(self._watchdog())
         return self
 
     async def __aexit__(self, *exc) -> None:
+        self._watchdog_task.cancel()
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+    async def _watchdog(self) -> None:
+        """Cancel requests silent for longer than the read timeout (they then report a timeout)."""
+        period = max(0.05, min(1.0, self.timeouts.read / 4))
+        while True:
+            await asyncio.sleep(period)
+            now = time.perf_counter()
+            for live in list(self._live):
+                if not live.timed_out and now - live.last > self.timeouts.read and live.task is not None:
+                    live.timed_out = True
+                    live.task.cancel()
 
     @property
     def token_ids_allowed(self) -> bool:
@@ -128,15 +157,22 @@ class OpenAIStreamClient:
         return body
 
     async def stream(self, prompt: Prompt, max_tokens: int, temperature: float = 0.0,
-                     record_chunks: bool = False, start_event: asyncio.Event | None = None) -> StreamResult:
+                     chunk_times: list[float] | None = None,
+                     start_event: asyncio.Event | None = None) -> StreamResult:
         """Send one request and time its stream.  Never raises for request failures: the error is
-        recorded in the result (`timing.error`); cancellation propagates."""
+        recorded in the result (`timing.error`); cancellation propagates.
+
+        `chunk_times`, when given, receives the arrival time of every text chunk as it arrives (the
+        caller owns the list, so it can watch a running stream and keeps it after cancelling it).
+        `start_event` holds the request back (after its payload is built) until the event is set."""
         assert self._session is not None, "use `async with OpenAIStreamClient(...)`"
         body = json.dumps(self.payload(prompt, max_tokens, temperature)).encode()
         if start_event is not None:
             await start_event.wait()
         chat = self.api == "chat"
-        times: list[float] | None = [] if record_chunks else None
+        key = b'"content":"' if chat else b'"text":"'
+        klen = len(key)
+        times = chunk_times
         first = last = None
         chunks = 0
         usage: dict | None = None
@@ -144,6 +180,8 @@ class OpenAIStreamClient:
         error = None
         clock = time.perf_counter
         start = clock()
+        live = _Live(start, asyncio.current_task())
+        self._live.add(live)
         try:
             async with self._session.post(self.url, data=body,
                                           headers={"Content-Type": "application/json"}) as resp:
@@ -155,14 +193,35 @@ class OpenAIStreamClient:
                     done = False
                     async for data in resp.content.iter_any():
                         now = clock()
-                        buf += data
-                        if b"\n\n" not in buf:
-                            continue
-                        *messages, buf = buf.split(b"\n\n")
-                        for msg in messages:
+                        live.last = now
+                        if buf:
+                            data, buf = buf + data, b""
+                        if not data.endswith(b"\n\n"):
+                            cut = data.rfind(b"\n\n")
+                            if cut < 0:
+                                buf = data
+                                continue
+                            data, buf = data[:cut + 2], data[cut + 2:]
+                        for msg in data.split(b"\n\n"):
                             if not msg.startswith(b"data:"):
-                                continue  # SSE comment / keep-alive
-                            payload = msg[5:].strip()
+                                continue  # the empty tail of the split, SSE comments, keep-alives
+                            payload = msg[5:].lstrip()
+                            # Fast path for the common chunk (compact JSON, one choice, no usage):
+                            # byte checks instead of a full parse.
+                            i = payload.find(key)
+                            if (i >= 0 and b'"usage":{' not in payload and b'"error"' not in payload
+                                    and b'"reasoning' not in payload):
+                                if payload[i + klen] != 34:  # not an empty string: text arrived
+                                    chunks += 1
+                                    if first is None:
+                                        first = now
+                                    last = now
+                                    if times is not None:
+                                        times.append(now)
+                                j = payload.find(b'"finish_reason":"')
+                                if j >= 0:
+                                    finish = payload[j + 17:payload.index(b'"', j + 17)].decode()
+                                continue
                             if payload == b"[DONE]":
                                 done = True
                                 continue
@@ -191,9 +250,16 @@ class OpenAIStreamClient:
                     if error is None and not done and finish is None:
                         error = f"stream ended early after {chunks} chunks (no finish_reason, no [DONE])"
         except asyncio.CancelledError:
-            raise
+            if not live.timed_out:
+                raise
+            uncancel = getattr(live.task, "uncancel", None)
+            if uncancel is not None:
+                uncancel()
+            error = f"timed out: no data for {self.timeouts.read:g}s"
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
             error = describe_error(exc, self.timeouts)
+        finally:
+            self._live.discard(live)
         if usage is not None:
             out_tokens = int(usage.get("completion_tokens") or 0)
             prompt_tokens = int(usage.get("prompt_tokens") or 0)

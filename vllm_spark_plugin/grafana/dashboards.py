@@ -22,6 +22,7 @@ from vllm_spark_plugin.grafana.slo import SLOConfig
 from vllm_spark_plugin.metrics import names as N
 
 S = q.DASH_SEL
+H = q.HOST_SEL
 R = q.RATE
 TOK_S = "suffix: tok/s"
 TAGS = ["vllm", "vllm-spark", "dgx-spark"]
@@ -178,15 +179,15 @@ def serving(slo: SLOConfig) -> dict:
                           "Prefill and decode tokens scheduled per second (sum of vllm_spark_step_tokens). A prefill surge next to a decode dip is a prefill stall.",
                           [Q(f"sum by (instance, phase) ({q.rate(N.STEP_TOKENS + '_sum', R, base=S)})", "{{instance}} {{phase}}")], TOK_S, min_val=0))
     d = d.with_panel(P.ts("Prefill tokens per step",
-                          "Mean prefill tokens scheduled per engine step (all steps counted).",
+                          "Mean prefill tokens scheduled per engine step (all steps counted: the step-duration histogram count).",
                           [Q(f"sum by (instance) ({q.rate(N.STEP_TOKENS + '_sum', R, PREFILL, base=S)}) / "
-                             f"sum by (instance) ({q.rate(N.STEPS, R, base=S)})", "{{instance}}")], "short", min_val=0))
+                             f"sum by (instance) ({q.rate(N.STEP_DURATION + '_count', R, base=S)})", "{{instance}}")], "short", min_val=0))
     d = d.with_panel(P.ts("Finished requests/s by reason",
                           "vllm_spark_requests_finished_total by finish reason.",
                           [Q(f"sum by (instance, reason) ({q.rate(N.REQUESTS_FINISHED, R, base=S)})", "{{instance}} {{reason}}")], "reqps", min_val=0))
     d = d.with_panel(P.ts("Plugin errors/s",
                           "Exceptions the plugin caught instead of letting them reach vLLM, by where they happened.",
-                          [Q(f"sum by (instance, where) ({q.rate(N.PLUGIN_ERRORS, R, base=S)})", "{{instance}} {{where}}")], "short", min_val=0))
+                          [Q(f"sum by (instance, where) ({q.rate(N.PLUGIN_ERRORS, R, base=H)})", "{{instance}} {{where}}")], "short", min_val=0))
     d = d.with_panel(P.table_panel("Plugin and engine",
                                    "vllm_spark_info: plugin version, vLLM version, device and MoE backend per instance.",
                                    [Q(q.sel(N.INFO, 'instance=~"$instance"'), table=True)], h=5))
@@ -202,9 +203,9 @@ def kv_memory(slo: SLOConfig) -> dict:
         d = d.with_variable(v)
     used = q.sel(N.KV_BLOCKS_USED, base=S)
     total = q.sel(N.KV_BLOCKS_TOTAL, base=S)
-    avail = q.sel(N.UNIFIED_MEMORY, 'kind="available"', base=S)
-    mtotal = q.sel(N.UNIFIED_MEMORY, 'kind="total"', base=S)
-    psi = q.sel(N.MEMORY_PRESSURE, f'window=~"{q.PSI_WINDOW_RE}"', base=S)
+    avail = q.sel(N.UNIFIED_MEMORY, 'kind="available"', base=H)
+    mtotal = q.sel(N.UNIFIED_MEMORY, 'kind="total"', base=H)
+    psi = q.sel(N.MEMORY_PRESSURE, *q.PSI_SOME_60, base=H)
     kv_steps = ((None, "green"), (0.9, "orange"), (0.95, "red"))
     mem_steps = ((None, "red"), (0.05, "orange"), (0.10, "green"))
 
@@ -234,12 +235,12 @@ def kv_memory(slo: SLOConfig) -> dict:
 
     d = d.with_row(P.text_row("Unified memory"))
     d = d.with_panel(P.ts("Unified memory", "vllm_spark_unified_memory_bytes by kind (total / available / used = total - available).",
-                          [Q(f"max by (instance, kind) ({q.sel(N.UNIFIED_MEMORY, base=S)})", "{{instance}} {{kind}}")], "bytes", min_val=0))
+                          [Q(f"max by (instance, kind) ({q.sel(N.UNIFIED_MEMORY, base=H)})", "{{instance}} {{kind}}")], "bytes", min_val=0))
     d = d.with_panel(P.ts("Available share", "Available / total per instance; red below 5%, amber below 10%.",
                           [Q(f"max by (instance) ({avail}) / max by (instance) ({mtotal})", "{{instance}}")],
                           "percentunit", steps=mem_steps, min_val=0, max_val=1))
-    d = d.with_panel(P.ts("Memory pressure (PSI)", "vllm_spark_memory_pressure_ratio by window (PSI some/full averages as 0-1 shares).",
-                          [Q(f"max by (instance, window) ({q.sel(N.MEMORY_PRESSURE, base=S)})", "{{instance}} {{window}}")],
+    d = d.with_panel(P.ts("Memory pressure (PSI)", "vllm_spark_memory_pressure_ratio by kind (some / full) and window (avg10 / avg60 / avg300), as 0-1 shares of time.",
+                          [Q(f"max by (instance, kind, window) ({q.sel(N.MEMORY_PRESSURE, base=H)})", "{{instance}} {{kind}} {{window}}")],
                           "percentunit", min_val=0), )
     return _finish(d, slo)
 
@@ -251,40 +252,40 @@ def power(slo: SLOConfig) -> dict:
                         "the clock-event (throttle) reasons.", TAGS)
     for v in P.variables(N.GENERATION_TOKENS, N.GENERATION_TOKENS):
         d = d.with_variable(v)
-    energy = q.rate(N.GPU_ENERGY, R, base=S)
+    energy = q.rate(N.GPU_ENERGY, R, base=H)
     gen = q.rate(N.GENERATION_TOKENS, R, base=S)
 
     d = d.with_row(P.text_row("Now"))
     d = d.with_panel(P.stat_panel("GPU power", "Sum of vllm_spark_gpu_power_watts over the selected instances.",
-                                  [Q(f"sum ({q.sel(N.GPU_POWER, base=S)})")], "watt", w=5))
+                                  [Q(f"sum ({q.sel(N.GPU_POWER, base=H)})")], "watt", w=5))
     d = d.with_panel(P.stat_panel("Joules per token", "rate(GPU energy) / rate(generated tokens): energy spent per generated token.",
                                   [Q(f"sum ({energy}) / sum ({gen})")], "suffix: J/tok", w=5, decimals=3))
     d = d.with_panel(P.stat_panel("Tokens per joule", "rate(generated tokens) / rate(GPU energy).",
                                   [Q(f"sum ({gen}) / sum ({energy})")], "suffix: tok/J", w=5, decimals=2))
-    d = d.with_panel(P.stat_panel("SM clock", "Highest SM clock.", [Q(f"max ({q.sel(N.GPU_SM_CLOCK, base=S)})")], "hertz", w=4))
-    d = d.with_panel(P.stat_panel("GPU temperature", "Highest GPU temperature.", [Q(f"max ({q.sel(N.GPU_TEMPERATURE, base=S)})")], "celsius", w=5,
+    d = d.with_panel(P.stat_panel("SM clock", "Highest SM clock.", [Q(f"max ({q.sel(N.GPU_SM_CLOCK, base=H)})")], "hertz", w=4))
+    d = d.with_panel(P.stat_panel("GPU temperature", "Highest GPU temperature.", [Q(f"max ({q.sel(N.GPU_TEMPERATURE, base=H)})")], "celsius", w=5,
                                   steps=((None, "green"), (80, "orange"), (90, "red"))))
 
     d = d.with_row(P.text_row("Power and energy"))
     d = d.with_panel(P.ts("GPU power", "Instantaneous power (NVML) and the mean power from the energy counter.",
-                          [Q(f"max by (instance) ({q.sel(N.GPU_POWER, base=S)})", "{{instance}} power"),
+                          [Q(f"max by (instance) ({q.sel(N.GPU_POWER, base=H)})", "{{instance}} power"),
                            Q(f"sum by (instance) ({energy})", "{{instance}} from energy counter")], "watt", min_val=0))
     d = d.with_panel(P.ts("Joules per token", "rate(vllm_spark_gpu_energy_joules_total) / rate(vllm_spark_generation_tokens_total) per instance.",
                           [Q(f"sum by (instance) ({energy}) / sum by (instance) ({gen})", "{{instance}}")], "suffix: J/tok", min_val=0))
     d = d.with_panel(P.ts("Tokens per joule", "rate(generated tokens) / rate(GPU energy) per instance: rises with batch size up to the knee.",
                           [Q(f"sum by (instance) ({gen}) / sum by (instance) ({energy})", "{{instance}}")], "suffix: tok/J", min_val=0))
     d = d.with_panel(P.ts("GPU utilisation", "NVML utilisation (0-1).",
-                          [Q(f"max by (instance) ({q.sel(N.GPU_UTILIZATION, base=S)})", "{{instance}}")], "percentunit", min_val=0, max_val=1))
+                          [Q(f"max by (instance) ({q.sel(N.GPU_UTILIZATION, base=H)})", "{{instance}}")], "percentunit", min_val=0, max_val=1))
 
     d = d.with_row(P.text_row("Clocks and temperature"))
     d = d.with_panel(P.ts("SM clock", "vllm_spark_gpu_sm_clock_hertz.",
-                          [Q(f"max by (instance) ({q.sel(N.GPU_SM_CLOCK, base=S)})", "{{instance}}")], "hertz"))
+                          [Q(f"max by (instance) ({q.sel(N.GPU_SM_CLOCK, base=H)})", "{{instance}}")], "hertz"))
     d = d.with_panel(P.ts("GPU temperature", "vllm_spark_gpu_temperature_celsius.",
-                          [Q(f"max by (instance) ({q.sel(N.GPU_TEMPERATURE, base=S)})", "{{instance}}")], "celsius",
+                          [Q(f"max by (instance) ({q.sel(N.GPU_TEMPERATURE, base=H)})", "{{instance}}")], "celsius",
                           steps=((None, "green"), (80, "orange"), (90, "red"))))
     d = d.with_panel(P.state_timeline("Clock-event reasons",
                                       "vllm_spark_gpu_clock_event_active by reason (NVML clock-event / throttle reasons): red while active.",
-                                      [Q(f"max by (instance, reason) ({q.sel(N.GPU_CLOCK_EVENT, base=S)})", "{{instance}} {{reason}}")], w=24, h=8))
+                                      [Q(f"max by (instance, gpu, reason) ({q.sel(N.GPU_CLOCK_EVENT, base=H)})", "{{instance}} gpu {{gpu}} {{reason}}")], w=24, h=8))
     return _finish(d, slo)
 
 
@@ -319,7 +320,7 @@ def fleet(slo: SLOConfig) -> dict:
         Q(_sum_by_instance(N.WAITING), table=True),
         Q(q.hist_quantile(0.5, N.STREAM_RATE, R, "instance", base=S), table=True),
         Q(q.hist_quantile(0.99, N.TTFT, R, "instance", base=S), table=True),
-        Q(f"max by (instance) ({q.sel(N.GPU_POWER, base=S)})", table=True),
+        Q(f"max by (instance) ({q.sel(N.GPU_POWER, base=H)})", table=True),
     ]
     columns = ["tokens/s", "knee ratio", f"capacity @{floor:g}", "knee K", "running", "waiting",
                "stream p50 tok/s", "TTFT p99 s", "power W"]

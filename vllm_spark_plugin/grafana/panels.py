@@ -143,12 +143,10 @@ def variables(instance_source: str, model_source: str):
         db.DatasourceVariable("datasource").label("Data source").type("prometheus"),
         (db.QueryVariable("model").label("Model").datasource(DATASOURCE)
          .query(f"label_values({model_source}, model_name)")
-         .definition(f"label_values({model_source}, model_name)")
          .multi(True).include_all(True).all_value(".*")
          .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(dm.VariableSort.ALPHABETICAL_ASC)),
         (db.QueryVariable("instance").label("Instance").datasource(DATASOURCE)
          .query(f'label_values({instance_source}{{model_name=~"$model"}}, instance)')
-         .definition(f'label_values({instance_source}{{model_name=~"$model"}}, instance)')
          .multi(True).include_all(True).all_value(".*")
          .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(dm.VariableSort.ALPHABETICAL_ASC)),
     ]

@@ -13,15 +13,18 @@ from prometheus_client.utils import floatToGoString
 
 from vllm_spark_plugin.metrics import names as N
 
-# Dashboard template variables (Grafana substitutes them; tests substitute them too).
+# Dashboard template variables (Grafana substitutes them; tests substitute them too).  Serving series
+# carry model_name and engine; host series (GPU, unified memory, PSI, plugin errors) carry neither, so
+# they are selected by instance alone.
 DASH_SEL = 'model_name=~"$model", instance=~"$instance"'
+HOST_SEL = 'instance=~"$instance"'
 RATE = "$__rate_interval"
 
 # The clock-event reasons that explain a slow GPU (NVML throttle reasons: sw/hw thermal, sw/hw power
 # cap, hw slowdown).  Matched case-insensitively on the `reason` label of vllm_spark_gpu_clock_event_active.
 THROTTLE_REASON_RE = "(?i).*(thermal|power|slowdown).*"
-# PSI "some" share over 60 s on the `window` label of vllm_spark_memory_pressure_ratio.
-PSI_WINDOW_RE = "some[_ ]?avg60"
+# PSI "some" share over 60 s (labels kind=some|full, window=avg10|avg60|avg300).
+PSI_SOME_60 = ('kind="some"', 'window="avg60"')
 
 
 def le(value: float) -> str:

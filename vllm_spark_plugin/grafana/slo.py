@@ -46,9 +46,10 @@ class SLOConfig:
         if self.knee_warn >= self.knee_crit:
             raise SLOError(f"--knee-warn {self.knee_warn:g} must be below --knee-crit {self.knee_crit:g}")
         for name, v in (("--ttft-slo-target", self.ttft_slo_target), ("--rate-slo-target", self.rate_slo_target)):
-            # 14.4 x the error budget must stay below 1 or the fast page could never fire
-            if not (0.5 <= v < 1):
-                raise SLOError(f"{name} {v!r}: expected a fraction in [0.5, 1), e.g. 0.99")
+            # the fast page fires at 14.4 x the error budget: at or above 1 it could never fire
+            if not (0 < v < 1) or 14.4 * (1 - v) >= 1:
+                raise SLOError(f"{name} {v!r}: expected a fraction in ({1 - 1 / 14.4:.4f}, 1), e.g. 0.99 "
+                               "(the fast burn-rate page fires at 14.4 x the error budget)")
         if self.min_requests < 0:
             raise SLOError(f"--min-requests {self.min_requests!r}: expected a count >= 0")
         if not self.job or any(c in self.job for c in '"\\\n'):

@@ -31,10 +31,11 @@ from ..definitions import DEFAULT_FLOOR_TOKENS_PER_SECOND, SweepPoint, capacity_
 from .result import (MODEL_LINEAR, MODEL_USL, VERDICT_INVALID, VERDICT_NO_KNEE, VERDICT_NO_SPREAD,
                      VERDICT_OK, VERDICT_RETROGRADE, VERDICT_TOO_FEW, KneeResult, finite_or_none,
                      floor_key)
-from .robust import MAD_TO_SIGMA, irls_batched, robust_fit, weighted_median, weighted_r2
+from .robust import irls_batched, robust_fit, weighted_median, weighted_r2
 
 DEFAULT_CI_LEVEL = 0.95
 RETROGRADE_MIN_DROP = 0.05   # the aggregate must fall at least 5% below its peak (and 3 noise sigmas)
+UNRESOLVED_GROWTH = 0.01     # step time growing less than this across the range: beta counts as 0
 MIN_STEP_SAMPLES = 10        # per-step fits below this many samples say "too few points"
 _LEVEL_BINS_ABOVE = 48       # more distinct batch sizes than this: group them in geometric bins
 
@@ -47,10 +48,9 @@ class _Data:
     w: np.ndarray        # case weights (forgetting)
     case: np.ndarray     # bootstrap unit of each observation
     n_cases: int
-    tps: float           # tokens per stream per step
-    level_x: np.ndarray  # concurrency levels for the retrograde check ...
-    level_agg: np.ndarray  # ... and the aggregate throughput measured there
-    level_noise: float   # how many samples stand behind the thinnest level (noise shrinks with it)
+    tps: float           # tokens per stream per step (weighted mean)
+    k: np.ndarray        # tokens per stream of each observation (1 for sweep observations)
+    level_min_count: int  # observations a level needs to take part in the retrograde check
 
 
 @dataclass
@@ -100,6 +100,15 @@ def _fit_constrained(X: np.ndarray, y: np.ndarray, w: np.ndarray, kind: str,
 
 
 # ----------------------------------------------------------------------------- derived quantities
+
+def _unresolved_beta(alpha, beta, x_min: float, x_max: float):
+    """True where step time grows by less than UNRESOLVED_GROWTH across the measured range.
+
+    Such a slope is indistinguishable from 0, and K = alpha/beta would be an arbitrarily large
+    number; it is treated as beta = 0 (no knee, no plateau) in estimates and bootstrap replicates.
+    """
+    return (beta > 0) & (beta * (x_max - x_min) < UNRESOLVED_GROWTH * (alpha + beta * x_min))
+
 
 def _linear_derived(alpha: np.ndarray, beta: np.ndarray, tps: float, floors: Sequence[float]):
     """Knee, plateau and capacity (continuous, before flooring) for arrays of alpha/beta."""
@@ -186,15 +195,27 @@ def _levels(x: np.ndarray, agg: np.ndarray, w: np.ndarray, min_count: int):
     return np.array(lx), np.array(la), (min(counts) if counts else 0)
 
 
-def _retrograde(level_x: np.ndarray, level_agg: np.ndarray, rel_scale: float) -> bool:
-    """Aggregate peaks before the largest level and the last level sits clearly below the peak."""
-    if level_x.size < 3:
-        return False
-    j = int(np.argmax(level_agg))
-    if j >= level_x.size - 1:
-        return False
-    drop = 1.0 - level_agg[-1] / level_agg[j]
-    return drop >= max(RETROGRADE_MIN_DROP, 3.0 * rel_scale)
+def _level_drop(data: _Data, ref: _Model) -> tuple[float, int]:
+    """How far the measured aggregate at the largest level sits below its peak (0 if it does not).
+
+    Each observation implies an aggregate x*k/(y - gamma*p) (for a sweep: 1/r -> c*r, c/A -> A).
+    Observations the robust reference fit rejected are left out, so one wild point cannot fake
+    a peak.  Returns (relative drop, observations behind the thinnest level).
+    """
+    y = data.y
+    if data.p is not None:
+        y = y - ref.theta[-1] * data.p
+    keep = (ref.robust_weights > 0) & (y > 0) & (data.w > 0)
+    if keep.sum() < 3:
+        return 0.0, 0
+    agg = data.x[keep] * data.k[keep] / y[keep]
+    lx, la, lmin = _levels(data.x[keep], agg, data.w[keep], data.level_min_count)
+    if lx.size < 3:
+        return 0.0, lmin
+    j = int(np.argmax(la))
+    if j >= lx.size - 1:
+        return 0.0, lmin
+    return float(1.0 - la[-1] / la[j]), lmin
 
 
 # ----------------------------------------------------------------------------- the core
@@ -246,21 +267,26 @@ def _fit_core(data: _Data, *, source: str, floors: list[float], notes: list[str]
     if p is not None and 2 not in model.active:
         notes.append("prefill tokens showed no cost per token (gamma fixed at 0)")
 
-    # Retrograde?  Compare the measured aggregate per level with the noise of the linear fit.
-    level_noise = model.scale / math.sqrt(max(data.level_noise, 1))
+    # Retrograde?  The USL (which contains the linear model as kappa = 0) is the reference: its
+    # outlier flags decide which observations count, and its noise scale how big a drop is real.
     usl = None
-    if _retrograde(data.level_x, data.level_agg, level_noise):
+    if base["levels"] >= 3:
         p_cols = [3] if p is not None else []
         usl_model = _fit_constrained(_design(x, p, MODEL_USL), y, w, MODEL_USL, [1, 2] + p_cols)
-        if usl_model is not None and 2 in usl_model.active and 0 in usl_model.active:
-            params = _usl_params(usl_model.theta, tps)
-            if params.get("peak_concurrency") is not None and params["peak_concurrency"] < base["max_measured"]:
-                model, usl = usl_model, params
-                if p is not None:
-                    gamma = float(model.theta[3])
-        if usl is None:
-            notes.append("the aggregate falls at the largest concurrency, but the Universal "
-                         "Scalability Law found no peak inside the measured range; linear model kept")
+        if usl_model is not None:
+            drop, lmin = _level_drop(data, usl_model)
+            noise = usl_model.scale / math.sqrt(max(lmin, 1))
+            if drop >= max(RETROGRADE_MIN_DROP, 3.0 * noise):
+                params = _usl_params(usl_model.theta, tps) if 2 in usl_model.active else {}
+                peak = params.get("peak_concurrency")
+                if peak is not None and peak < base["max_measured"]:
+                    model, usl = usl_model, params
+                    if p is not None:
+                        gamma = float(model.theta[3])
+                else:
+                    notes.append(f"the aggregate at the largest concurrency is {drop:.0%} below its "
+                                 "peak, but the Universal Scalability Law puts no peak inside the "
+                                 "measured range; linear model kept")
 
     theta = model.theta
     resid_w = w * model.robust_weights
@@ -280,6 +306,12 @@ def _fit_core(data: _Data, *, source: str, floors: list[float], notes: list[str]
     # Point estimates.
     if model.kind == MODEL_LINEAR:
         alpha, beta = float(theta[0]), float(theta[1])
+        if _unresolved_beta(alpha, beta, float(x.min()), base["max_measured"]):
+            notes.append(f"step time grows by less than {UNRESOLVED_GROWTH:.0%} across the measured "
+                         "range: beta is treated as 0")
+            beta = 0.0
+            theta = theta.copy()
+            theta[1] = 0.0
         knee_a, plat_a, caps_a = _linear_derived(np.array([alpha]), np.array([beta]), tps, floors)
         knee, plateau = float(knee_a[0]), float(plat_a[0])
         cap_cont = {f: float(caps_a[f][0]) for f in floors}
@@ -406,7 +438,8 @@ def _bootstrap(data: _Data, model: _Model, floors: Sequence[float], ttft_cap: in
     theta = np.zeros((W.shape[0], X.shape[1]))
     theta[:, act] = th_a
     if model.kind == MODEL_LINEAR:
-        alpha, beta = theta[:, 0], theta[:, 1]
+        alpha, beta = theta[:, 0], theta[:, 1].copy()
+        beta[_unresolved_beta(alpha, beta, float(data.x.min()), float(data.x.max()))] = 0.0
         knee, plateau, caps = _linear_derived(alpha, beta, data.tps, floors)
     else:
         knee, plateau, alpha, beta, caps = _usl_derived(theta, data.tps, floors)
@@ -467,7 +500,6 @@ def fit_points(points: Sequence[SweepPoint], *, floors: Iterable[float] = (DEFAU
     except TypeError:
         return KneeResult(verdict=VERDICT_INVALID, notes=notes + ["points is not a sequence of SweepPoint"])
     xs, ys, cases, kept, ttft = [], [], [], [], []
-    lvl_x, lvl_a = [], []
     dropped = 0
     for pt in pts:
         c = finite_or_none(getattr(pt, "concurrency", None))
@@ -490,8 +522,6 @@ def fit_points(points: Sequence[SweepPoint], *, floors: Iterable[float] = (DEFAU
             xs.append(c)
             ys.append(v)
             cases.append(case)
-        lvl_x.append(c)
-        lvl_a.append(a if a is not None and a > 0 else c * r)
         t50 = finite_or_none(getattr(pt, "ttft_p50_seconds", None))
         if t50 is not None and t50 >= 0:
             ttft.append((c, t50))
@@ -511,9 +541,8 @@ def fit_points(points: Sequence[SweepPoint], *, floors: Iterable[float] = (DEFAU
     if np.unique(x).size < 2:
         notes.append(f"every point has concurrency {x[0]:g}: the slope beta is not identifiable")
         return KneeResult(verdict=VERDICT_NO_SPREAD, n=x.size, levels=1, max_measured=float(x[0]), **base)
-    lx, la, _ = _levels(np.array(lvl_x), np.array(lvl_a), np.ones(len(lvl_x)), 1)
     data = _Data(x=x, y=np.array(ys), p=None, w=np.ones(x.size), case=np.array(cases),
-                 n_cases=len(kept), tps=1.0, level_x=lx, level_agg=la, level_noise=1.0)
+                 n_cases=len(kept), tps=1.0, k=np.ones(x.size), level_min_count=1)
     return _fit_core(data, source="sweep", floors=floor_list, notes=notes, n_input=len(pts),
                      n_dropped=dropped, concurrencies=concurrencies, ttft=ttft, ttft_slo=slo,
                      bootstrap=int(bootstrap), seed=int(seed), ci_level=float(ci_level), points=kept)
@@ -523,7 +552,7 @@ def fit_points(points: Sequence[SweepPoint], *, floors: Iterable[float] = (DEFAU
 def fit_steps(batch: Sequence[float], prefill_tokens: Sequence[float] | None, step_seconds: Sequence[float],
               weights: Sequence[float] | None = None, tokens_per_stream: float | Sequence[float] = 1.0,
               *, floors: Iterable[float] = (DEFAULT_FLOOR_TOKENS_PER_SECOND,),
-              concurrencies: Sequence[float] | None = None, bootstrap: int = 200, seed: int = 0,
+              concurrencies: Sequence[float] | None = None, bootstrap: int = 100, seed: int = 0,
               ci_level: float = DEFAULT_CI_LEVEL, min_samples: int = MIN_STEP_SAMPLES) -> KneeResult:
     """Fit per-step samples: step_seconds = alpha + beta*batch + gamma*prefill_tokens.
 
@@ -573,12 +602,26 @@ def fit_steps(batch: Sequence[float], prefill_tokens: Sequence[float] | None, st
         X = _design(b, p, MODEL_LINEAR)
         if np.linalg.matrix_rank(X / np.maximum(np.abs(X).max(axis=0), 1e-300)) < X.shape[1]:
             use_p = False
-    # Aggregate per level for the retrograde check, from decode-only steps when there are enough
-    dec = p == 0
-    src = dec if np.unique(b[dec]).size >= 3 else np.ones_like(dec)
-    lx, la, lmin = _levels(b[src], b[src] * k[src] / t[src], w[src], 3)
     data = _Data(x=b, y=t, p=p if use_p else None, w=w, case=np.arange(b.size), n_cases=int(b.size),
-                 tps=tps, level_x=lx, level_agg=la, level_noise=float(lmin))
+                 tps=tps, k=k, level_min_count=3)
     return _fit_core(data, source="steps", floors=floor_list, notes=notes, n_input=n_in,
                      n_dropped=n_bad, concurrencies=concurrencies, ttft=[], ttft_slo=None,
                      bootstrap=int(bootstrap), seed=int(seed), ci_level=float(ci_level), points=None)
+
+
+def curve_at(result: KneeResult, concurrencies: Sequence[float]) -> tuple[list[float | None], list[float | None]]:
+    """(per-stream, aggregate) tok/s of a fitted result at the given concurrencies (decode steps).
+
+    None everywhere when the result holds no fitted model (too few points, invalid input, ...).
+    """
+    cs = [float(c) for c in concurrencies]
+    if result.model == MODEL_USL and result.usl:
+        lam, sig, kap = (result.usl.get(k) for k in ("lambda_tokens_per_second", "sigma", "kappa"))
+        if None not in (lam, sig, kap):
+            agg = [lam * c / (1 + sig * (c - 1) + kap * c * (c - 1)) for c in cs]
+            return [finite_or_none(a / c) for a, c in zip(agg, cs)], [finite_or_none(a) for a in agg]
+    a, b = result.alpha_seconds, result.beta_seconds
+    if a is None or b is None or result.model != MODEL_LINEAR:
+        return [None] * len(cs), [None] * len(cs)
+    per = [result.tokens_per_step / (a + b * c) if a + b * c > 0 else None for c in cs]
+    return [finite_or_none(v) for v in per], [None if v is None else finite_or_none(v * c) for v, c in zip(per, cs)]

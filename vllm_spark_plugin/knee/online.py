@@ -29,6 +29,19 @@ from .result import KneeResult, finite_or_none
 _INF = math.inf
 
 
+def _coerce_floors(floors) -> tuple[float, ...]:
+    """Floors as a tuple of floats; also accepts the comma-separated form of SPARK_PLUGIN_FLOORS."""
+    if isinstance(floors, str):
+        floors = [f for f in floors.split(",") if f.strip()]
+    out = []
+    for f in floors:
+        try:
+            out.append(float(f))
+        except (TypeError, ValueError):
+            raise ValueError(f"floors must be numbers of tok/s, got {f!r}") from None
+    return tuple(out)
+
+
 class OnlineKneeEstimator:
     """Fit t = alpha + beta*batch + gamma*prefill to the last `window` engine steps.
 
@@ -51,7 +64,7 @@ class OnlineKneeEstimator:
         self.window = window
         self.halflife_seconds = hl
         self.refit_seconds = rs
-        self.floors = tuple(floors)
+        self.floors = _coerce_floors(floors)
         self.bootstrap = int(bootstrap)
         self.seed = int(seed)
         self.min_samples = int(min_samples)

@@ -51,21 +51,37 @@ def weighted_median(values: np.ndarray, weights: np.ndarray) -> float:
     return float(v[min(idx, v.size - 1)])
 
 
-def _solve_batched(Xs: np.ndarray, y: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """Weighted least squares for every row of v (B, n) at once: returns theta (B, p)."""
-    n, p = Xs.shape
-    iu = np.triu_indices(p)
-    cross = Xs[:, iu[0]] * Xs[:, iu[1]]            # (n, p(p+1)/2)
+_TRIU: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _triu(p: int) -> tuple[np.ndarray, np.ndarray]:
+    if p not in _TRIU:
+        _TRIU[p] = np.triu_indices(p)
+    return _TRIU[p]
+
+
+def _solve_batched(Xs: np.ndarray, y: np.ndarray, v: np.ndarray,
+                   cross: np.ndarray | None = None, xy: np.ndarray | None = None) -> np.ndarray:
+    """Weighted least squares for every row of v (B, n) at once: returns theta (B, p).
+
+    `cross` (products of design column pairs) and `xy` (columns times y) may be passed in
+    precomputed: they do not change between iterations.
+    """
+    p = Xs.shape[1]
+    iu0, iu1 = _triu(p)
+    if cross is None:
+        cross = Xs[:, iu0] * Xs[:, iu1]            # (n, p(p+1)/2)
+    if xy is None:
+        xy = Xs * y[:, None]
     flat = v @ cross                                # (B, p(p+1)/2)
-    A = np.zeros((v.shape[0], p, p))
-    A[:, iu[0], iu[1]] = flat
-    A[:, iu[1], iu[0]] = flat
-    rhs = v @ (Xs * y[:, None])                     # (B, p)
+    A = np.empty((v.shape[0], p, p))
+    A[:, iu0, iu1] = flat
+    A[:, iu1, iu0] = flat
+    rhs = v @ xy                                    # (B, p)
     # A tiny ridge keeps a column that a resample left empty (all-zero prefill) solvable: its
     # coefficient comes out ~0 instead of the solve failing.
-    diag = np.einsum("bii->bi", A)
-    ridge = 1e-12 * diag.max(axis=1, keepdims=True) + 1e-300
-    A[:, np.arange(p), np.arange(p)] += ridge
+    diag = A[:, np.arange(p), np.arange(p)]
+    A[:, np.arange(p), np.arange(p)] = diag + (1e-12 * diag.max(axis=1, keepdims=True) + 1e-300)
     try:
         return np.linalg.solve(A, rhs[..., None])[..., 0]
     except np.linalg.LinAlgError:
@@ -78,19 +94,24 @@ def _denominators(yhat: np.ndarray, y_floor: float) -> np.ndarray:
 
 
 def irls_batched(Xs: np.ndarray, y: np.ndarray, W: np.ndarray, theta: np.ndarray, scale: np.ndarray,
-                 y_floor: float, huber_iters: int = 8, bisquare_iters: int = 8) -> np.ndarray:
+                 y_floor: float, huber_iters: int = 4, bisquare_iters: int = 6) -> np.ndarray:
     """Huber then bisquare steps for B weight vectors at a fixed scale (the bootstrap path).
 
     Xs (n, p) design, y (n,), W (B, n) case weights, theta (B, p) start, scale (B,) or scalar.
     """
     scale = np.broadcast_to(np.asarray(scale, dtype=float), (W.shape[0],))[:, None]
+    iu0, iu1 = _triu(Xs.shape[1])
+    cross, xy = Xs[:, iu0] * Xs[:, iu1], Xs * y[:, None]
+    XsT = np.ascontiguousarray(Xs.T)
     for psi, iters in (("huber", huber_iters), ("bisquare", bisquare_iters)):
         for _ in range(iters):
-            yhat = theta @ Xs.T
+            yhat = theta @ XsT
             d = _denominators(yhat, y_floor)
             u = (y - yhat) / (d * scale)
-            rw = _robust_weight(u, psi)
-            theta = _solve_batched(Xs, y, W * rw / (d * d))
+            v = _robust_weight(u, psi)
+            v *= W
+            v /= d * d
+            theta = _solve_batched(Xs, y, v, cross, xy)
     return theta
 
 
@@ -102,9 +123,44 @@ def _robust_weight(u: np.ndarray, psi: str) -> np.ndarray:
     return (1.0 - t * t) ** 2
 
 
-def robust_fit(Xs: np.ndarray, y: np.ndarray, w: np.ndarray, max_iter: int = 50,
-               tol: float = 1e-9) -> RobustFit:
-    """Full three-stage fit (LAD start, Huber with MAD scale, bisquare) for one weight vector."""
+def _mad_scale(e: np.ndarray, w: np.ndarray, n_params: int) -> float:
+    """1.4826 x weighted median |e|, skipping the n_params smallest residuals.
+
+    An L1 fit passes exactly through n_params observations; counting those zeros would shrink the
+    scale towards nothing on small samples and turn every other point into an "outlier".
+    """
+    a = np.abs(e)
+    order = np.argsort(a)[min(n_params, a.size - 1):]
+    cw = np.cumsum(w[order])
+    idx = int(np.searchsorted(cw, 0.5 * cw[-1], side="left")) if cw[-1] > 0 else order.size // 2
+    return max(MAD_TO_SIGMA * float(a[order[min(idx, order.size - 1)]]), MIN_RELATIVE_SCALE)
+
+
+def weighted_ls(Xs: np.ndarray, y: np.ndarray, w: np.ndarray, iters: int = 5) -> RobustFit:
+    """Relative weighted least squares, no outlier rejection (for too few redundant observations)."""
+    y_floor = max(float(np.median(y)) * 0.05, 1e-300)
+    W = w[None, :]
+    theta = _solve_batched(Xs, y, W / np.maximum(y, y_floor) ** 2)
+    for _ in range(iters):
+        d = _denominators(theta @ Xs.T, y_floor)
+        theta = _solve_batched(Xs, y, W / (d * d))
+    yhat = (theta @ Xs.T)[0]
+    e = (y - yhat) / _denominators(yhat, y_floor)
+    dof = max(y.size - Xs.shape[1], 1)
+    scale = max(float(np.sqrt((w * e * e).sum() / w.sum() * y.size / dof)), MIN_RELATIVE_SCALE)
+    return RobustFit(theta=theta[0], scale=scale, robust_weights=np.ones_like(y), relative_residuals=e)
+
+
+def robust_fit(Xs: np.ndarray, y: np.ndarray, w: np.ndarray, max_iter: int = 30,
+               tol: float = 1e-7, min_redundancy: int = 3) -> RobustFit:
+    """Full three-stage fit (LAD start, Huber with MAD scale, bisquare) for one weight vector.
+
+    With fewer than `min_redundancy` observations beyond the parameter count no observation can be
+    told to be an outlier, so the fit falls back to relative weighted least squares.
+    """
+    n_params = Xs.shape[1]
+    if int((w > 0).sum()) - n_params < min_redundancy:
+        return weighted_ls(Xs, y, w)
     y_floor = max(float(np.median(y)) * 0.05, 1e-300)
     W = w[None, :]
     # 1. LAD by IRLS: weights 1/|r| with a floor that keeps exact-fit points finite
@@ -123,7 +179,7 @@ def robust_fit(Xs: np.ndarray, y: np.ndarray, w: np.ndarray, max_iter: int = 50,
         yhat = theta @ Xs.T
         d = _denominators(yhat, y_floor)
         e = ((y - yhat) / d)[0]
-        scale = max(MAD_TO_SIGMA * weighted_median(np.abs(e), w), MIN_RELATIVE_SCALE)
+        scale = _mad_scale(e, w, n_params)
         rw = _robust_weight(e / scale, "huber")
         new = _solve_batched(Xs, y, W * rw / (d * d))
         done = np.allclose(new, theta, rtol=tol, atol=0.0)

@@ -55,10 +55,10 @@ class DerivedStep:
 
 def derive(s: StepStats, config_total_blocks: int | None = None) -> DerivedStep:
     d = DerivedStep()
-    bad = 0
+    bad = s.missing
     if s.has_scheduler_stats:
         d.running = _count(s.running)
-        bad += d.running is None
+        bad += d.running is None and s.missing == 0
         if s.waiting is not None:
             d.waiting = _count(s.waiting)
             bad += d.waiting is None

@@ -88,7 +88,7 @@ class OtelBridge:
             from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
             if not endpoint.rstrip("/").endswith("/v1/metrics"):
                 endpoint = endpoint.rstrip("/") + "/v1/metrics"
-            exporter = OTLPMetricExporter(endpoint=endpoint)
+            exporter = OTLPMetricExporter(endpoint=endpoint, timeout=5)
         self.exporter = exporter
         self.interval = interval_seconds
         self.registry = registry

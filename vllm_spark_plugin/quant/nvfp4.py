@@ -28,9 +28,9 @@ GROUP_SIZE = 16
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 # vLLM computes the per-group scale as vec_max * (1 / 6); keep the same rounding.
 _FP4_MAX_RECIPROCAL = 1 / FP4_E2M1_MAX
-# Row chunk for quantisation: bounds the temporaries of one call (ops are row-wise, so chunking
-# does not change a single bit of the result).
-_ROW_CHUNK = 2048
+# Elements per quantisation chunk: bounds the fp32 temporaries of one call to a few x 4 MiB
+# (ops are row-wise, so chunking by rows does not change a single bit of the result).
+_CHUNK_ELEMENTS = 1 << 20
 
 
 class NvFp4Error(ValueError):
@@ -44,6 +44,9 @@ def _e2m1_table(device) -> torch.Tensor:
 def check_finite(x: torch.Tensor, name: str = "tensor") -> None:
     """Raise NvFp4Error naming the first NaN/inf element of `x`."""
     if x.is_floating_point() and x.numel():
+        # max/min propagate NaN and inf without a full-size temporary; search only when needed
+        if bool(torch.isfinite(x.max())) and bool(torch.isfinite(x.min())):
+            return
         bad = ~torch.isfinite(x)
         if bool(bad.any()):
             idx = tuple(int(i) for i in torch.nonzero(bad)[0].tolist())
@@ -64,13 +67,16 @@ def _check_groups(x: torch.Tensor, group_size: int, name: str) -> None:
 
 def global_scale_from_amax(amax: torch.Tensor | float) -> torch.Tensor:
     """Quantisation global scale 6*448/amax (fp32), as vLLM's NVFP4 quantiser computes it."""
-    a = torch.as_tensor(amax, dtype=torch.float32).clamp_min(1e-8)
+    device = amax.device if isinstance(amax, torch.Tensor) else "cpu"
+    a = torch.as_tensor(amax, dtype=torch.float32, device=device).clamp_min(1e-8)
     return (FP4_E2M1_MAX * FP8_E4M3_MAX) / a
 
 
 def amax(x: torch.Tensor) -> torch.Tensor:
-    """max |x| as fp32 scalar tensor."""
-    return x.abs().max().to(torch.float32) if x.numel() else torch.zeros((), dtype=torch.float32)
+    """max |x| as fp32 scalar tensor (no full-size temporary)."""
+    if not x.numel():
+        return torch.zeros((), dtype=torch.float32, device=x.device)
+    return torch.maximum(x.max().to(torch.float32).abs(), x.min().to(torch.float32).abs())
 
 
 def _reciprocal(t: torch.Tensor) -> torch.Tensor:
@@ -91,6 +97,35 @@ def _round_e2m1_index(a: torch.Tensor) -> torch.Tensor:
     return idx
 
 
+def _quantize_chunks(x: torch.Tensor, gs: torch.Tensor, group_size: int):
+    """Yield (first row, codes uint8 [rows, K], block scales fp8 [rows, K/16]) chunk by chunk."""
+    n, k = x.shape
+    inv_gs = _reciprocal(gs)
+    rows = max(1, _CHUNK_ELEMENTS // max(k, 1))
+    for r0 in range(0, n, rows):
+        xb = x[r0:r0 + rows].reshape(-1, k // group_size, group_size)
+        vec_max = torch.max(torch.abs(xb), dim=-1, keepdim=True)[0].to(torch.float32)
+        scale = gs * (vec_max * _FP4_MAX_RECIPROCAL)
+        scale = torch.clamp(scale, max=FP8_E4M3_MAX, min=-FP8_E4M3_MAX)
+        scale8 = scale.to(torch.float8_e4m3fn)
+        output_scale = _reciprocal(scale8.to(torch.float32) * inv_gs)
+        scaled = torch.clamp(xb.to(torch.float32) * output_scale, -FP4_E2M1_MAX, FP4_E2M1_MAX)
+        c = _round_e2m1_index(scaled.abs())
+        # vLLM's reference returns |x| rounded * sign(x): a negative value that rounds to zero
+        # is -0.0 (code 0x8), while -0.0 itself (sign(-0.0) = 0) stays +0.0.
+        c |= (scaled < 0).to(torch.uint8) << 3
+        yield r0, c.reshape(-1, k), scale8.squeeze(-1)
+
+
+def _checked_global_scale(x: torch.Tensor, global_scale, group_size: int, name: str) -> torch.Tensor:
+    _check_groups(x, group_size, name)
+    check_finite(x, name)
+    gs = torch.as_tensor(global_scale, dtype=torch.float32, device=x.device)
+    if gs.numel() != 1 or not bool(torch.isfinite(gs).all()) or float(gs) <= 0:
+        raise NvFp4Error(f"{name}: the global scale must be one positive finite number, got {gs.tolist()}")
+    return gs.reshape(())
+
+
 def quantize(x: torch.Tensor, global_scale: torch.Tensor | float,
              group_size: int = GROUP_SIZE, name: str = "tensor") -> tuple[torch.Tensor, torch.Tensor]:
     """Quantise a 2-D tensor [N, K] to NVFP4 codes.
@@ -99,31 +134,28 @@ def quantize(x: torch.Tensor, global_scale: torch.Tensor | float,
     (bit 3 = sign, bits 0-2 = magnitude index; not packed), `block_scale` float8_e4m3fn [N, K/16].
     `global_scale` is the quantisation scale (6*448/amax).  NaN/inf input raises NvFp4Error.
     """
-    _check_groups(x, group_size, name)
-    check_finite(x, name)
-    gs = torch.as_tensor(global_scale, dtype=torch.float32, device=x.device)
-    if gs.numel() != 1 or not bool(torch.isfinite(gs).all()) or float(gs) <= 0:
-        raise NvFp4Error(f"{name}: the global scale must be one positive finite number, got {gs.tolist()}")
-    gs = gs.reshape(())
+    gs = _checked_global_scale(x, global_scale, group_size, name)
     n, k = x.shape
     codes = torch.empty((n, k), dtype=torch.uint8, device=x.device)
     scales = torch.empty((n, k // group_size), dtype=torch.float8_e4m3fn, device=x.device)
-    inv_gs = _reciprocal(gs)
-    for r0 in range(0, n, _ROW_CHUNK):
-        xb = x[r0:r0 + _ROW_CHUNK].reshape(-1, k // group_size, group_size)
-        vec_max = torch.max(torch.abs(xb), dim=-1, keepdim=True)[0].to(torch.float32)
-        scale = gs * (vec_max * _FP4_MAX_RECIPROCAL)
-        scale = torch.clamp(scale, max=FP8_E4M3_MAX, min=-FP8_E4M3_MAX)
-        scale8 = scale.to(torch.float8_e4m3fn)
-        output_scale = _reciprocal(scale8.to(torch.float32) * inv_gs)
-        scaled = torch.clamp(xb.to(torch.float32) * output_scale, -FP4_E2M1_MAX, FP4_E2M1_MAX)
-        c = _round_e2m1_index(scaled.abs())
-        # vLLM's reference returns x * sign(x): a negative input that rounds to zero is -0.0,
-        # as the hardware cvt gives code 0x8.  Keep that sign bit.
-        c |= torch.signbit(scaled).to(torch.uint8) << 3
-        codes[r0:r0 + _ROW_CHUNK] = c.reshape(-1, k)
-        scales[r0:r0 + _ROW_CHUNK] = scale8.squeeze(-1)
+    for r0, c, s in _quantize_chunks(x, gs, group_size):
+        codes[r0:r0 + c.shape[0]] = c
+        scales[r0:r0 + c.shape[0]] = s
     return codes, scales
+
+
+def quantize_packed(x: torch.Tensor, global_scale: torch.Tensor | float,
+                    group_size: int = GROUP_SIZE, name: str = "tensor") -> tuple[torch.Tensor, torch.Tensor]:
+    """`quantize` then `pack`, chunk by chunk: (uint8 [N, K/2], fp8 [N, K/16]) without the
+    full-size unpacked codes."""
+    gs = _checked_global_scale(x, global_scale, group_size, name)
+    n, k = x.shape
+    packed = torch.empty((n, k // 2), dtype=torch.uint8, device=x.device)
+    scales = torch.empty((n, k // group_size), dtype=torch.float8_e4m3fn, device=x.device)
+    for r0, c, s in _quantize_chunks(x, gs, group_size):
+        packed[r0:r0 + c.shape[0]] = pack(c)
+        scales[r0:r0 + c.shape[0]] = s
+    return packed, scales
 
 
 def decode(codes: torch.Tensor) -> torch.Tensor:
@@ -210,7 +242,7 @@ def quantize_weight(w: torch.Tensor, tensor_amax: torch.Tensor | float | None = 
     global scale, as ModelOpt exports them and vLLM's fused kernels require."""
     _check_groups(w, GROUP_SIZE, name)
     check_finite(w, name)
-    a = amax(w) if tensor_amax is None else torch.as_tensor(tensor_amax, dtype=torch.float32)
+    a = amax(w) if tensor_amax is None else torch.as_tensor(tensor_amax, dtype=torch.float32, device=w.device)
     gs = global_scale_from_amax(a)
-    codes, scale = quantize(w, gs, name=name)
-    return NvFp4Weight(pack(codes), scale, (1.0 / gs).to(torch.float32).reshape(()))
+    packed, scale = quantize_packed(w, gs, name=name)
+    return NvFp4Weight(packed, scale, (1.0 / gs).to(torch.float32).reshape(()))

@@ -76,14 +76,30 @@ def build_model(out: Path, dtype: str = "bfloat16") -> None:
 
 def ensure_tiny_model(out: Path | str | None = None, force: bool = False) -> Path:
     """Build the model into `out` (default ~/.cache/vllm-spark/tiny-qwen3-moe) unless already there."""
+    import shutil
+    import tempfile
+
     out = Path(out) if out else DEFAULT_DIR
     marker = out / ".complete"
     if marker.exists() and not force:
         return out
-    out.mkdir(parents=True, exist_ok=True)
-    build_tokenizer(out)
-    build_model(out)
-    marker.write_text("ok\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Build beside the target and rename into place, so concurrent builders never see half a model.
+    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent))
+    try:
+        build_tokenizer(tmp)
+        build_model(tmp)
+        (tmp / ".complete").write_text("ok\n")
+        if force and out.exists():
+            shutil.rmtree(out)
+        try:
+            tmp.rename(out)
+        except OSError:  # someone else finished first
+            if not marker.exists():
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 

@@ -1,0 +1,103 @@
+"""End to end: a sweep against the real CPU vLLM server, and the HTML report rendered in headless
+Chromium (Debian's `chromium-headless-shell`) to check the plots actually show."""
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from vllm_spark_plugin.bench.fake_server import FakeConfig, FakeServer
+from vllm_spark_plugin.cli import main as vllm_spark
+
+MPL_BLUE = (31, 119, 180)  # matplotlib's first line colour; nothing else in the report uses it
+CHROMIUM_CANDIDATES = ("chromium-headless-shell", "/usr/lib/chromium/headless_shell",
+                       "/usr/lib/chromium/chromium-headless-shell", "chromium", "chromium-browser")
+
+
+def chromium() -> str:
+    for name in CHROMIUM_CANDIDATES:
+        path = shutil.which(name) or (name if Path(name).is_file() else None)
+        if path:
+            return path
+    raise AssertionError("headless Chromium not found: install the Debian package chromium-headless-shell "
+                         f"(looked for {', '.join(CHROMIUM_CANDIDATES)})")
+
+
+def screenshot(html: Path, png: Path, tmp: Path, height: int = 2400) -> Image.Image:
+    cmd = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+           "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars",
+           f"--user-data-dir={tmp / 'chromium-profile'}", f"--window-size=1200,{height}",
+           f"--screenshot={png}", html.resolve().as_uri()]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and png.exists(), proc.stderr[-2000:]
+    return Image.open(png).convert("RGB")
+
+
+def assert_plots_visible(img: Image.Image) -> None:
+    """The plots are drawn: many colours in the plot area and matplotlib-blue data pixels."""
+    w, h = img.size
+    plot_area = img.crop((0, 100, w, min(h, 2000)))
+    colours = plot_area.getcolors(1 << 24) or []
+    assert len(colours) > 200, f"only {len(colours)} colours: the report looks blank"
+    non_white = sum(n for n, c in colours if sum(c) < 720)
+    assert non_white > 0.03 * plot_area.size[0] * plot_area.size[1], "almost nothing drawn"
+    blue = sum(n for n, c in colours if sum(abs(a - b) for a, b in zip(c, MPL_BLUE)) < 60)
+    assert blue > 300, f"only {blue} plot-line pixels: the embedded PNG plots did not render"
+
+
+def test_report_renders_in_chromium(tmp_path):
+    """Fast variant on the fake server: the HTML report is self-contained and shows its plots."""
+    srv = FakeServer(FakeConfig(alpha=0.005, beta=0.0005)).start()
+    try:
+        out = tmp_path / "fake"
+        assert vllm_spark(["bench", "--quiet", "--endpoint", srv.base_url, "--levels", "1,2,4,8", "--trials", "1",
+                           "--workload", "prose", "--output-tokens", "20", "--out", str(out)]) == 0
+    finally:
+        srv.stop()
+    assert "http" not in "".join(line for line in (out / "report.html").read_text().splitlines()
+                                 if "<img" in line or "<link" in line or "<script" in line)
+    assert_plots_visible(screenshot(out / "report.html", tmp_path / "shot.png", tmp_path))
+    # and a page without its images is caught by the same check
+    blank = tmp_path / "blank.html"
+    text = (out / "report.html").read_text()
+    blank.write_text(text.replace('src="data:image/png;base64,', 'data-x="'))
+    with pytest.raises(AssertionError):
+        assert_plots_visible(screenshot(blank, tmp_path / "blank.png", tmp_path))
+
+
+@pytest.mark.server
+def test_sweep_against_cpu_vllm_server(vllm_server, tmp_path):
+    out = tmp_path / "e2e"
+    rc = vllm_spark(["bench", "--quiet", "--endpoint", vllm_server.base_url, "--model", vllm_server.model,
+                     "--levels", "1,2,4,8,16", "--trials", "2", "--workload", "prose", "--output-tokens", "32",
+                     "--out", str(out)])
+    assert rc == 0
+    with open(out / "sweep.csv", newline="") as fh:
+        data = list(csv.DictReader(fh))
+    points = [r for r in data if r["row_type"] == "point"]
+    assert [int(p["concurrency"]) for p in points] == [1, 2, 4, 8, 16]
+    assert sum(r["row_type"] == "trial" for r in data) == 10
+    for p in points:
+        c = int(p["concurrency"])
+        assert int(p["completed"]) == int(p["requests"]) == 2 * c and int(p["errors"]) == 0
+        assert int(p["short_streams"]) == 0 and int(p["output_tokens"]) == 2 * c * 32  # ignore_eos honoured
+        assert float(p["per_stream_median_tps"]) > 0 and float(p["ttft_p50_s"]) > 0
+        import vllm
+        assert p["engine_version"] == vllm.__version__ and p["max_model_len"] == "2048"
+    agg = {int(p["concurrency"]): float(p["aggregate_tps"]) for p in points}
+    rate = {int(p["concurrency"]): float(p["per_stream_median_tps"]) for p in points}
+    assert agg[16] > 2 * agg[1], agg  # batching: aggregate rises ...
+    assert rate[16] < rate[1], rate   # ... while each stream slows
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["complete"] and summary["servers"][0]["engine_version"]
+    assert summary["servers"][0]["cache_config"], "vllm:cache_config_info not read from /metrics"
+    profile = json.loads((out / "capacity_profile.json").read_text())
+    assert profile["model"] == vllm_server.model and "20" in profile["capacity"]
+    for name in ("aggregate.png", "per_stream.png", "ttft.png", "report.html", "meta.json"):
+        assert (out / name).stat().st_size > 1000, name
+    assert_plots_visible(screenshot(out / "report.html", tmp_path / "shot.png", tmp_path))

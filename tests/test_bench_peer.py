@@ -1,0 +1,77 @@
+"""Peer cross-check on the same CPU vLLM server: `vllm bench serve` vs this tool's closed-loop mode,
+same load: 32-token random prompts, 64 output tokens with ignore_eos, the same request count, at
+--max-concurrency 1 and 8.  Output throughput must agree within 10%, median TTFT within 20%.
+
+Both sides define output throughput the same way here (output tokens / wall time of the run:
+vllm bench's `output_throughput`, this tool's `output_tps`); the seed's aggregate throughput is also
+reported.  The box has 2 shared cores: each side runs up to three times, alternating, and the
+medians are compared (a pass after fewer rounds stops early).
+"""
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vllm_spark_plugin.cli import main as vllm_spark
+
+ROOT = Path(__file__).resolve().parent.parent
+INPUT_LEN, OUTPUT_LEN = 32, 64
+REQUESTS = {1: 12, 8: 64}
+
+
+def run_ours(server, c: int, out: Path) -> dict:
+    rc = vllm_spark(["bench", "--quiet", "--endpoint", server.base_url, "--model", server.model,
+                     "--api", "completions", "--workload", "random", "--random-input-len", str(INPUT_LEN),
+                     "--output-tokens", str(OUTPUT_LEN), "--mode", "closed-loop", "--levels", str(c),
+                     "--requests", str(REQUESTS[c]), "--trials", "1", "--out", str(out)])
+    assert rc == 0
+    with open(out / "sweep.csv", newline="") as fh:
+        (p,) = [r for r in csv.DictReader(fh) if r["row_type"] == "point"]
+    assert int(p["errors"]) == 0 and int(p["output_tokens"]) == REQUESTS[c] * OUTPUT_LEN
+    assert int(p["prompt_tokens"]) == REQUESTS[c] * INPUT_LEN
+    return {"output_tps": float(p["output_tps"]), "ttft_s": float(p["ttft_p50_s"]),
+            "per_stream_tps": float(p["per_stream_median_tps"]), "aggregate_tps": float(p["aggregate_tps"])}
+
+
+def run_vllm_bench(server, c: int, out: Path) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "vllm_spark_plugin.bench.vllm_bench_wrapper", "bench", "serve",
+           "--backend", "openai", "--base-url", server.base_url, "--endpoint", "/v1/completions",
+           "--model", server.model, "--tokenizer", str(server.model_path), "--dataset-name", "random",
+           "--random-input-len", str(INPUT_LEN), "--random-output-len", str(OUTPUT_LEN),
+           "--num-prompts", str(REQUESTS[c]), "--max-concurrency", str(c), "--num-warmups", str(c),
+           "--ignore-eos", "--disable-tqdm", "--save-result", "--result-dir", str(out),
+           "--result-filename", "result.json"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads((out / "result.json").read_text())
+    assert res["completed"] == REQUESTS[c] and res["total_output_tokens"] == REQUESTS[c] * OUTPUT_LEN
+    return {"output_tps": res["output_throughput"], "ttft_s": res["median_ttft_ms"] / 1000.0,
+            "per_stream_tps": 1000.0 / res["median_tpot_ms"]}
+
+
+def _rel(a: float, b: float) -> float:
+    return abs(a - b) / b
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("concurrency", [1, 8])
+def test_matches_vllm_bench_serve(vllm_server, tmp_path, concurrency):
+    ours, theirs = [], []
+    for round_ in range(3):
+        ours.append(run_ours(vllm_server, concurrency, tmp_path / f"ours-{round_}"))
+        theirs.append(run_vllm_bench(vllm_server, concurrency, tmp_path / f"vllm-{round_}"))
+        o = {k: statistics.median(r[k] for r in ours) for k in ("output_tps", "ttft_s", "per_stream_tps")}
+        t = {k: statistics.median(r[k] for r in theirs) for k in ("output_tps", "ttft_s", "per_stream_tps")}
+        if _rel(o["output_tps"], t["output_tps"]) <= 0.10 and _rel(o["ttft_s"], t["ttft_s"]) <= 0.20:
+            break
+    report = f"c={concurrency}: ours {ours}\nvllm bench serve {theirs}"
+    print(report)
+    assert _rel(o["output_tps"], t["output_tps"]) <= 0.10, report
+    assert _rel(o["ttft_s"], t["ttft_s"]) <= 0.20, report

@@ -1,0 +1,185 @@
+"""End to end: a real CPU `vllm serve` with the plugin, real streaming clients, the real /metrics."""
+from __future__ import annotations
+
+import re
+import statistics
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from load import run_streams
+from scrape import buckets, delta_buckets, histogram_quantile, scrape, value
+
+pytestmark = pytest.mark.server
+
+P = "vllm_spark_"
+
+
+def _wait_idle(server, timeout=60.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        s = scrape(server.metrics_url)
+        if value(s, P + "running_requests") == 0 and value(s, P + "waiting_requests") == 0:
+            return s
+        time.sleep(0.2)
+    raise AssertionError("server did not go idle")
+
+
+class KvWatcher(threading.Thread):
+    """Polls /metrics during a load to see KV blocks in use while requests run.
+
+    It reads one line with a regex instead of parsing the page: a full parse holds the GIL long
+    enough to delay the streaming client in the same process and distort its token timings.
+    """
+
+    LINE = re.compile(rb"^vllm_spark_kv_blocks_used\{[^}]*\} ([0-9.e+]+)$", re.M)
+
+    def __init__(self, url):
+        super().__init__(daemon=True)
+        self.url, self.max_used, self.stop = url, 0.0, threading.Event()
+
+    def run(self):
+        while not self.stop.is_set():
+            try:
+                with urllib.request.urlopen(self.url, timeout=5) as r:
+                    for m in self.LINE.finditer(r.read()):
+                        self.max_used = max(self.max_used, float(m.group(1)))
+            except OSError:
+                pass
+            time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def load_runs(vllm_server):
+    """Concurrency 1, 4 and 16, one after the other; metric deltas of each run."""
+    runs = {}
+    for c in (1, 4, 16):
+        before = _wait_idle(vllm_server)
+        watcher = KvWatcher(vllm_server.metrics_url)
+        watcher.start()
+        streams = run_streams(vllm_server.base_url, vllm_server.model, c, max_tokens=1024, prompt_prefix=f"c{c}")
+        watcher.stop.set()
+        watcher.join()
+        after = _wait_idle(vllm_server)
+        runs[c] = dict(before=before, after=after, streams=streams, kv_max=watcher.max_used)
+    return runs
+
+
+@pytest.mark.parametrize("c", [1, 4, 16])
+def test_batch_size_histogram_reaches_concurrency_and_not_above(load_runs, c):
+    r = load_runs[c]
+    d = delta_buckets(buckets(r["after"], P + "step_batch_size"), buckets(r["before"], P + "step_batch_size"))
+    total = d[float("inf")]
+    assert total > 0
+    assert d[float(c)] == total, f"steps with more than {c} requests: {d}"
+    below = max(le for le in d if le < c) if c > 1 else 0.0
+    assert d[float(c)] - d.get(below, 0.0) > 0, f"no step reached batch {c}: {d}"
+
+
+@pytest.mark.parametrize("c", [1, 4, 16])
+def test_ttft_and_stream_rate_counts(load_runs, c):
+    r = load_runs[c]
+    ttft = value(r["after"], P + "ttft_seconds_count") - value(r["before"], P + "ttft_seconds_count")
+    rate = (value(r["after"], P + "stream_decode_tokens_per_second_count")
+            - value(r["before"], P + "stream_decode_tokens_per_second_count"))
+    finished = value(r["after"], P + "requests_finished_total") - value(r["before"], P + "requests_finished_total")
+    assert ttft == c
+    assert finished == c
+    assert rate == finished
+
+
+@pytest.mark.parametrize("c", [1, 4, 16])
+def test_server_median_stream_rate_matches_client(load_runs, c):
+    r = load_runs[c]
+    d = delta_buckets(buckets(r["after"], P + "stream_decode_tokens_per_second"),
+                      buckets(r["before"], P + "stream_decode_tokens_per_second"))
+    server_median = histogram_quantile(0.5, d)
+    client_median = statistics.median(s.decode_rate for s in r["streams"])
+    assert server_median is not None
+    assert abs(server_median - client_median) / client_median <= 0.15, (server_median, client_median)
+
+
+def test_generation_tokens_equal_usage(load_runs):
+    for c, r in load_runs.items():
+        gen = value(r["after"], P + "generation_tokens_total") - value(r["before"], P + "generation_tokens_total")
+        assert gen == sum(s.output_tokens for s in r["streams"]), c
+
+
+def test_kv_blocks(load_runs, vllm_server):
+    r = load_runs[16]
+    assert r["kv_max"] > 0, "no KV block in use seen under load"
+    assert value(r["after"], P + "kv_blocks_used") == 0, "KV blocks still in use when idle"
+    total = value(r["after"], P + "kv_blocks_total")
+    info = [dict(lab) for (n, lab) in r["after"] if n == "vllm:cache_config_info"]
+    assert info, "vLLM's cache_config_info is missing"
+    assert total == float(info[0]["num_gpu_blocks"])
+
+
+def test_step_duration_and_tokens_recorded(load_runs):
+    r = load_runs[16]
+    steps = value(r["after"], P + "step_duration_seconds_count") - value(r["before"], P + "step_duration_seconds_count")
+    batches = value(r["after"], P + "step_batch_size_count") - value(r["before"], P + "step_batch_size_count")
+    assert steps == batches > 0
+    decode = (value(r["after"], P + "step_tokens_sum", phase="decode")
+              - value(r["before"], P + "step_tokens_sum", phase="decode"))
+    prefill = (value(r["after"], P + "step_tokens_sum", phase="prefill")
+               - value(r["before"], P + "step_tokens_sum", phase="prefill"))
+    # every generated token but each request's first (sampled after its prefill) comes from a decode step
+    gen = sum(s.output_tokens for s in r["streams"])
+    assert decode == gen - len(r["streams"])
+    assert prefill > 0
+    dur = value(r["after"], P + "step_duration_seconds_sum") - value(r["before"], P + "step_duration_seconds_sum")
+    span = max(s.last_token for s in r["streams"]) - min(s.start for s in r["streams"])
+    assert 0 < dur <= span * 1.05, (dur, span)
+
+
+def test_plugin_loaded_in_api_server_and_engine_core(load_runs, vllm_server):
+    log = vllm_server.log_path.read_text(errors="replace")
+    assert re.search(r"APIServer pid=\d+.*vllm-spark-plugin: stat logger active in the API server", log)
+    assert re.search(r"EngineCore pid=\d+.*vllm-spark-plugin .* loaded in process EngineCore.*role engine_core", log)
+    assert re.search(r"EngineCore pid=\d+.*vllm-spark-plugin: scheduler hook active in this engine core", log)
+
+
+def test_info_and_no_errors(load_runs):
+    after = load_runs[16]["after"]
+    info = [dict(lab) for (n, lab), v in after.items() if n == P + "info" and v == 1]
+    assert info and info[0]["vllm_version"].startswith("0.3") and info[0]["device"] == "cpu"
+    errors = {dict(lab).get("where"): v for (n, lab), v in after.items() if n == P + "plugin_errors_total"}
+    assert all(v == 0 for v in errors.values()), errors
+
+
+def test_aborted_requests_do_not_break_serving(vllm_server):
+    """Clients that hang up before their first token make zero-token requests: serving goes on."""
+    import asyncio
+
+    import aiohttp
+
+    async def abort_some():
+        async with aiohttp.ClientSession() as session:
+            for i in range(4):
+                body = {"model": vllm_server.model, "prompt": f"abort {i}", "max_tokens": 64, "stream": True}
+                async with session.post(vllm_server.base_url + "/v1/completions", json=body) as resp:
+                    assert resp.status == 200  # hang up without reading
+    asyncio.run(abort_some())
+    streams = run_streams(vllm_server.base_url, vllm_server.model, 2, max_tokens=16, prompt_prefix="after-abort")
+    assert all(s.output_tokens == 16 for s in streams)
+    s = _wait_idle(vllm_server)
+    assert value(s, P + "plugin_errors_total") == 0
+
+
+def test_otel_bridge_exports_live_series(load_runs, vllm_server, otlp_receiver):
+    """The server's bridge sends the same series over OTLP as /metrics serves."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        m = otlp_receiver.latest_metrics()
+        gen = m.get("vllm_spark_generation_tokens_total")
+        if gen is not None:
+            exported = sum(p.as_double for p in gen.sum.data_points)
+            if exported == value(load_runs[16]["after"], P + "generation_tokens_total"):
+                break
+        time.sleep(0.5)
+    assert gen is not None, sorted(m)
+    assert exported == value(load_runs[16]["after"], P + "generation_tokens_total")
+    assert "vllm_spark_step_duration_seconds" in m and "vllm_spark_ttft_seconds" in m

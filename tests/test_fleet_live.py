@@ -1,0 +1,56 @@
+"""The fleet dashboard against two real CPU `vllm serve` servers with the plugin, scraped by one real
+Prometheus: the fleet capacity and fleet knee ratio equal the sums of the per-instance values."""
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+
+from live_load import drive
+from prom import PrometheusProcess
+from vllm_spark_plugin.grafana import dashboards, iter_panel_queries
+from vllm_spark_plugin.grafana import promql as q
+from vllm_spark_plugin.grafana.slo import SLOConfig
+
+pytestmark = pytest.mark.server
+
+
+def _panel_exprs(model: str) -> dict[str, str]:
+    fleet = dashboards.build_all()["vllm-spark-fleet.json"]
+    return {title: expr for _, title, expr in iter_panel_queries(fleet, {"model": model})}
+
+
+def _by_instance(result: list) -> dict[str, float]:
+    return {s["metric"]["instance"]: float(s["value"][1]) for s in result}
+
+
+def test_fleet_capacity_is_the_sum_of_the_instances(vllm_server_pair):
+    a, b = vllm_server_pair
+    assert a.model == b.model
+    floor = SLOConfig().floor_tokens_per_second
+    with PrometheusProcess([a.metrics_url, b.metrics_url]) as prom:
+        prom.wait_for('count(up{job="vllm"} == 1) == 2', timeout=60)
+        counts = drive([a.base_url, b.base_url], a.model, seconds=20, concurrency=8, max_tokens=32)
+        assert counts["requests"] >= 16, counts
+        prom.wait_for(f"count(count by (instance) (vllm_spark_capacity_streams{{{q.floor_matcher(floor)}}}))",
+                      timeout=60, predicate=lambda r: bool(r) and float(r[0]["value"][1]) == 2)
+        time.sleep(2)
+        at = time.time() - 1  # one evaluation instant for every query
+        exprs = _panel_exprs(a.model)
+
+        fleet_capacity = float(prom.query(exprs[f"Fleet capacity at {floor:g} tok/s [A]"], at)[0]["value"][1])
+        per_instance = _by_instance(prom.query(exprs["Per instance [C]"], at))
+        assert len(per_instance) == 2, per_instance
+        assert math.isclose(fleet_capacity, sum(per_instance.values()), rel_tol=1e-9), (fleet_capacity, per_instance)
+        assert fleet_capacity > 0
+
+        knee = _by_instance(prom.query(exprs["Per instance [D]"], at))
+        running = _by_instance(prom.query(exprs["Per instance [E]"], at))
+        fleet_ratio = prom.query(exprs["Fleet knee ratio [A]"], at)
+        assert set(knee) == set(running) == set(per_instance)
+        assert math.isclose(float(fleet_ratio[0]["value"][1]), sum(running.values()) / sum(knee.values()), rel_tol=1e-9)
+
+        instances = float(prom.query(exprs["Instances reporting [A]"], at)[0]["value"][1])
+        assert instances == 2
+        print(f"\nfleet capacity at {floor:g} tok/s = {fleet_capacity:g} = sum of {per_instance}; load {counts}")

@@ -1,0 +1,131 @@
+"""From measured points to conclusions: the knee fit per curve, capacity statements, the fleet sum
+(seed 003 sums deployment capacities per workload) and the capacity profile the exporter loads.
+
+The knee and plateau come from `vllm_spark_plugin.knee.fit.fit_points` (the step-time model
+t(b) = alpha + beta*b); capacity is the seed's measured definition (`capacity_at_floor`: the highest
+measured concurrency whose median per-stream rate is >= the floor), with the fitted integer
+capacity beside it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ..definitions import SweepPoint, capacity_at_floor
+from ..knee.fit import fit_points
+from ..knee.result import floor_key
+from .results import CurveKey, Row, RunRecord
+
+CURVE_GRID_POINTS = 64  # fitted curves are evaluated on this many geometric steps for the plots
+
+
+@dataclass
+class CurveAnalysis:
+    key: CurveKey
+    rows: list[Row]
+    floors: tuple[float, ...]
+    capacity: dict[str, int | None] = field(default_factory=dict)  # measured, seed definition
+    knee: dict | None = None  # KneeResult.to_json()
+
+    @property
+    def points(self) -> list[SweepPoint]:
+        return [r.sweep_point() for r in self.rows]
+
+    def knee_value(self) -> float | None:
+        return None if not self.knee else self.knee.get("knee")
+
+    def knee_ci(self) -> list | None:
+        ci = (self.knee or {}).get("ci") or {}
+        k = ci.get("knee")
+        return k if isinstance(k, list) and len(k) == 2 and None not in k else None
+
+    def statement(self) -> str:
+        """'highest concurrency with median per-stream rate >= 20 tok/s: N; knee K [CI]'."""
+        parts = []
+        for f in self.floors:
+            n = self.capacity.get(floor_key(f))
+            parts.append(f"highest concurrency with median per-stream rate >= {f:g} tok/s: "
+                         f"{n if n is not None else 'none measured'}")
+        k = self.knee_value()
+        if k is None:
+            verdict = (self.knee or {}).get("verdict", "no fit")
+            parts.append(f"knee: not determined ({verdict})")
+        else:
+            ci = self.knee_ci()
+            ci_txt = f" [{ci[0]:.1f}, {ci[1]:.1f}]" if ci else ""
+            extra = " (extrapolated beyond the measured range)" if (self.knee or {}).get("extrapolated") else ""
+            parts.append(f"knee {k:.1f}{ci_txt}{extra}")
+        return f"{self.key.label} / {self.key.workload}: " + "; ".join(parts)
+
+
+def fit_knee(points: list[SweepPoint], floors: tuple[float, ...], ttft_slo: float | None = None) -> dict | None:
+    """KneeResult.to_json() of the points, with fitted curves on a dense grid for plotting."""
+    if len(points) < 2:
+        return None
+    top = max(p.concurrency for p in points)
+    grid = sorted({round(math.exp(math.log(top) * i / (CURVE_GRID_POINTS - 1)), 6)
+                   for i in range(CURVE_GRID_POINTS)} | {1.0, float(top)})
+    return fit_points(points, floors=floors, ttft_slo_seconds=ttft_slo, concurrencies=grid).to_json()
+
+
+def analyze(record: RunRecord, floors: tuple[float, ...], ttft_slo: float | None = None) -> list[CurveAnalysis]:
+    out = []
+    for key, rows in record.curves().items():
+        a = CurveAnalysis(key=key, rows=rows, floors=floors)
+        pts = a.points
+        a.capacity = {floor_key(f): _int_or_none(capacity_at_floor(pts, f)) for f in floors}
+        a.knee = fit_knee(pts, floors, ttft_slo)
+        out.append(a)
+    return out
+
+
+def _int_or_none(x) -> int | None:
+    return None if x is None else int(x)
+
+
+def fleet_capacity(curves: list[CurveAnalysis], floors: tuple[float, ...]) -> dict:
+    """Per workload: each endpoint's measured capacity and their sum (seed 003: ~11 text or ~28 code
+    streams across the fleet).  Alternative workloads, not a mixed load: each sum stands alone."""
+    out: dict = {}
+    for a in curves:
+        w = out.setdefault(a.key.workload, {"endpoints": {}, "total": {}})
+        w["endpoints"][a.key.label] = {"endpoint": a.key.endpoint, "model": a.key.model,
+                                       "capacity": dict(a.capacity)}
+    for w in out.values():
+        for f in floors:
+            fk = floor_key(f)
+            w["total"][fk] = sum((e["capacity"].get(fk) or 0) for e in w["endpoints"].values())
+    return out
+
+
+def fleet_statement(fleet: dict, floors: tuple[float, ...]) -> list[str]:
+    lines = []
+    for workload, w in fleet.items():
+        for f in floors:
+            fk = floor_key(f)
+            parts = ", ".join(f"{label} {e['capacity'].get(fk) or 0}" for label, e in w["endpoints"].items())
+            lines.append(f"fleet, {workload}: {w['total'][fk]} streams at >= {f:g} tok/s median per-stream "
+                         f"rate ({parts})")
+    return lines
+
+
+def capacity_profile(a: CurveAnalysis, date: str, source: str) -> dict:
+    """The profile one exporter loads (SPARK_PLUGIN_PROFILE): the offline knee beside the live one."""
+    k = a.knee or {}
+    return {
+        "knee": k.get("knee"),
+        "plateau_tokens_per_second": k.get("plateau_tokens_per_second"),
+        "alpha_seconds": k.get("alpha_seconds"),
+        "beta_seconds": k.get("beta_seconds"),
+        "capacity": dict(a.capacity),
+        "capacity_fitted": dict(k.get("capacity") or {}),
+        "knee_ci": a.knee_ci(),
+        "verdict": k.get("verdict", "no fit"),
+        "model": a.key.model,
+        "endpoint": a.key.endpoint,
+        "label": a.key.label,
+        "workload": a.key.workload,
+        "max_measured_concurrency": max((r.concurrency for r in a.rows), default=None),
+        "date": date,
+        "source": source,
+    }

@@ -1,0 +1,354 @@
+"""`vllm-spark bench`: concurrency sweep with the seed protocol, reports and a capacity profile.
+
+Exit status: 0 complete; 1 the endpoint could not be benchmarked (preflight: wrong URL, server
+down, model not served); 2 bad options; 3 the server failed during the run (it stopped answering,
+failed every request of a trial, or failed a scenario's request; partial results written);
+130 interrupted (Ctrl-C; partial results written).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import secrets
+import sys
+from datetime import datetime
+from pathlib import Path
+
+from .. import __version__
+from .client import OpenAIStreamClient, Timeouts, normalize_endpoint
+from .progress import Progress
+from .scenarios import ScenarioError
+from .results import CSV_COLUMNS, CSV_NAME, META_NAME, CsvWriter, RunRecord, write_json
+from .server_info import PreflightError, ServerInfo, collect, preflight, tokenize
+from .sweep import DEFAULT_LEVELS, EndpointTarget, ServerGone, SweepConfig, SweepRunner, now_iso
+from .workloads import WORKLOAD_NAMES, PromptFactory, Workload, make_workload
+
+SCENARIOS = ("sweep", "prefill-interference", "prefix-reuse")
+EXIT_PREFLIGHT, EXIT_USAGE, EXIT_SERVER_FAILED, EXIT_INTERRUPTED = 1, 2, 3, 130
+
+
+class UsageError(ValueError):
+    pass
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        vals = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not vals or any(v < 1 for v in vals):
+        raise argparse.ArgumentTypeError(f"concurrency levels must be integers >= 1, got {text!r}")
+    return tuple(sorted(set(vals)))
+
+
+def _float_list(text: str) -> tuple[float, ...]:
+    try:
+        vals = tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if not vals or any(not (v > 0) for v in vals):
+        raise argparse.ArgumentTypeError(f"floors must be positive tok/s values, got {text!r}")
+    return tuple(sorted(set(vals)))
+
+
+def _positive(kind):
+    def parse(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a {kind.__name__}, got {text!r}") from None
+        if not v > 0:
+            raise argparse.ArgumentTypeError(f"expected a positive value, got {text!r}")
+        return v
+    return parse
+
+
+def run_async(coro, loop: str = "auto"):
+    """asyncio.run on uvloop when available (`auto`) or asked for: about a third less client CPU per
+    streamed token; plain asyncio otherwise.  Ctrl-C cancels the main task either way."""
+    if loop != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            if loop == "uvloop":
+                raise UsageError("--event-loop uvloop: uvloop is not installed (pip install uvloop)") from None
+        else:
+            if sys.version_info >= (3, 11):
+                with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+                    return runner.run(coro)
+            uvloop.install()
+    return asyncio.run(coro)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.ArgumentDefaultsHelpFormatter
+    t = parser.add_argument_group("target")
+    t.add_argument("--endpoint", action="append", metavar="URL",
+                   help="OpenAI-compatible server root (http://host:8000); repeat for a fleet "
+                        "(default http://127.0.0.1:8000)")
+    t.add_argument("--model", action="append", metavar="NAME",
+                   help="served model name; once for all endpoints or once per endpoint "
+                        "(default: the first model each endpoint serves)")
+    t.add_argument("--label", action="append", metavar="NAME",
+                   help="curve label per endpoint (default: the model name, plus host:port for a fleet)")
+    t.add_argument("--api", choices=("chat", "completions"), default="chat",
+                   help="chat: /v1/chat/completions; completions: /v1/completions (random prompts are exact "
+                        "token-id lists there)")
+    t.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),
+                   help="bearer token (default: $OPENAI_API_KEY)")
+
+    w = parser.add_argument_group("load")
+    w.add_argument("--mode", choices=("waves", "closed-loop"), default="waves",
+                   help="waves: synchronized waves of N streams (seed 003); closed-loop: keep N in flight")
+    w.add_argument("--levels", type=_int_list, default=DEFAULT_LEVELS, metavar="N,N,...",
+                   help="concurrency levels")
+    w.add_argument("--trials", type=_positive(int), default=3, help="measured trials per level (seed: 1-5)")
+    w.add_argument("--no-warmup", dest="warmup", action="store_false", help="skip the warm-up wave per level")
+    w.add_argument("--requests", type=_positive(int), default=None,
+                   help="closed loop: requests per trial (default 4 x concurrency)")
+    w.add_argument("--duration", type=_positive(float), default=None,
+                   help="closed loop: seconds per trial (new requests stop after it; in-flight ones finish)")
+    w.add_argument("--workload", default="code,prose", metavar="W[,W]",
+                   help=f"workloads, comma-separated, from {', '.join(WORKLOAD_NAMES)}")
+    w.add_argument("--output-tokens", type=_positive(int), default=None,
+                   help="requested output tokens for every workload (default: code 1000, prose 500, random 256)")
+    w.add_argument("--temperature", type=float, default=None,
+                   help="temperature for every workload (default: code 0, prose 0.7, random 0)")
+    w.add_argument("--random-input-len", type=_positive(int), default=256,
+                   help="prompt tokens of the random workload")
+    w.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
+                   help="do not send ignore_eos (outputs may then end short; they are flagged)")
+    w.add_argument("--include-short", action="store_true",
+                   help="include streams that ended short in the per-stream rate statistics")
+    w.add_argument("--no-unique-prompts", dest="unique_prompts", action="store_false",
+                   help="send the prompt sets verbatim (later waves may hit the prefix cache)")
+    w.add_argument("--thinking", action="store_true",
+                   help="chat API: leave reasoning on (default sends chat_template_kwargs enable_thinking=false)")
+    w.add_argument("--seed", type=int, default=None, help="seed for random prompts")
+
+    a = parser.add_argument_group("analysis")
+    a.add_argument("--floor", type=_float_list, default=(20.0,), metavar="TPS[,TPS]",
+                   help="per-stream decode-rate floors for capacity (seed 003: 20 tok/s)")
+    a.add_argument("--ttft-slo", type=_positive(float), default=None, metavar="SECONDS",
+                   help="also bound the fitted capacity by median TTFT (knee fit only)")
+
+    s = parser.add_argument_group("scenarios (seed 003)")
+    s.add_argument("--scenario", action="append", choices=SCENARIOS,
+                   help="what to run (repeatable; default: sweep)")
+    s.add_argument("--scenario-streams", type=_positive(int), default=8,
+                   help="prefill-interference: decode streams running when the long prompt arrives")
+    s.add_argument("--scenario-workload", choices=("code", "prose"), default="prose",
+                   help="prefill-interference: prompts of the decode streams")
+    s.add_argument("--long-prompt-tokens", type=_positive(int), default=32000,
+                   help="long prompt / document length in tokens (shortened to fit max_model_len)")
+    s.add_argument("--probe-interval", type=_positive(float), default=0.5,
+                   help="prefill-interference: seconds between short probe requests during the prefill")
+    s.add_argument("--baseline-seconds", type=_positive(float), default=3.0,
+                   help="prefill-interference: decode time measured before the long prompt")
+    s.add_argument("--tail-seconds", type=_positive(float), default=3.0,
+                   help="prefill-interference: decode time kept after the long prompt")
+    s.add_argument("--dip-threshold", type=_positive(float), default=0.5,
+                   help="prefill-interference: the dip is where the rate is below this fraction of baseline")
+    s.add_argument("--reuse-repeats", type=_positive(int), default=3,
+                   help="prefix-reuse: documents, each sent twice (cold, cached)")
+
+    o = parser.add_argument_group("timeouts and output")
+    o.add_argument("--connect-timeout", type=_positive(float), default=5.0,
+                   help="seconds for preflight and TCP connects")
+    o.add_argument("--read-timeout", type=_positive(float), default=120.0,
+                   help="longest silence (s) allowed within a stream")
+    o.add_argument("--request-timeout", type=_positive(float), default=3600.0, help="seconds per request")
+    o.add_argument("--out", type=Path, default=None,
+                   help="output folder (default runs/bench-YYYYmmdd-HHMMSS)")
+    o.add_argument("--quiet", action="store_true", help="no progress output")
+    o.add_argument("--event-loop", choices=("auto", "asyncio", "uvloop"), default="auto",
+                   help="client event loop (auto: uvloop when installed)")
+
+
+def _targets_spec(args) -> list[tuple[str, str | None, str | None]]:
+    endpoints = [normalize_endpoint(e) for e in (args.endpoint or ["http://127.0.0.1:8000"])]
+    models = args.model or []
+    if len(models) not in (0, 1, len(endpoints)):
+        raise UsageError(f"--model given {len(models)} times for {len(endpoints)} endpoints: give it once "
+                         f"(all endpoints) or once per endpoint")
+    labels = args.label or []
+    if labels and len(labels) != len(endpoints):
+        raise UsageError(f"--label given {len(labels)} times for {len(endpoints)} endpoints")
+    if len(set(endpoints)) != len(endpoints):
+        raise UsageError("the same --endpoint is given twice")
+    out = []
+    for i, e in enumerate(endpoints):
+        model = models[i] if len(models) == len(endpoints) else (models[0] if models else None)
+        out.append((e, model, labels[i] if labels else None))
+    return out
+
+
+def _workloads(args) -> list[Workload]:
+    names = [n.strip() for n in args.workload.split(",") if n.strip()]
+    if not names:
+        raise UsageError("--workload is empty")
+    try:
+        return [make_workload(n, output_tokens=args.output_tokens, temperature=args.temperature,
+                              input_tokens=args.random_input_len) for n in dict.fromkeys(names)]
+    except ValueError as exc:
+        raise UsageError(f"--workload: {exc}") from None
+
+
+def _config_dict(args, workloads: list[Workload], scenarios: list[str]) -> dict:
+    return {"mode": args.mode, "levels": list(args.levels), "trials": args.trials, "warmup": args.warmup,
+            "requests": args.requests, "duration": args.duration,
+            "workloads": [w.describe() for w in workloads], "api": args.api, "ignore_eos": args.ignore_eos,
+            "include_short": args.include_short, "unique_prompts": args.unique_prompts,
+            "thinking": args.thinking, "floors": list(args.floor), "ttft_slo": args.ttft_slo,
+            "scenarios": scenarios, "timeouts": {"connect": args.connect_timeout, "read": args.read_timeout,
+                                                 "request": args.request_timeout}}
+
+
+async def _prepare(args, specs, need_token_pool: bool, run_id: str) -> list[EndpointTarget]:
+    infos: list[ServerInfo] = await asyncio.gather(
+        *(preflight(e, m, timeout=args.connect_timeout, api_key=args.api_key) for e, m, _ in specs))
+    targets = []
+    many = len(specs) > 1
+    for (endpoint, _, label), info in zip(specs, infos):
+        await collect(info, timeout=args.connect_timeout, api_key=args.api_key)
+        prompts = PromptFactory(run_id, unique=args.unique_prompts, seed=args.seed)
+        if need_token_pool:
+            # Exact-length random prompts: token ids of ordinary tokens for the completions API, and
+            # the model's tokens-per-word ratio for random-word text (chat API).
+            ids = await tokenize(info.endpoint, info.model, prompts.corpus(), api_key=args.api_key)
+            info.tokenize_available = ids is not None
+            if ids:
+                prompts.token_pool = sorted(set(ids))
+                sample = prompts.random_prompt(400, token_ids=False)
+                n = await tokenize(info.endpoint, info.model, sample, api_key=args.api_key)
+                if n:
+                    prompts.tokens_per_word = len(n) / len(sample.split())
+        if label is None:
+            label = f"{info.model}@{info.endpoint.split('://', 1)[-1]}" if many else info.model
+        targets.append(EndpointTarget(info=info, label=label, prompts=prompts,
+                                      client_kwargs={"api": args.api, "ignore_eos": args.ignore_eos,
+                                                     "disable_thinking": not args.thinking,
+                                                     "timeouts": Timeouts(args.connect_timeout, args.read_timeout,
+                                                                          args.request_timeout)}))
+    return targets
+
+
+async def _run_all(args, targets, workloads, scenarios, record: RunRecord, runner: SweepRunner) -> None:
+    from . import scenarios as S
+    if "sweep" in scenarios:
+        for target in targets:
+            await runner.run_target(target, workloads)
+    for target in targets:
+        info = target.info
+        suffix = f" ({target.label})" if len(targets) > 1 else ""
+        async with OpenAIStreamClient(info.endpoint, info.model, api_key=args.api_key,
+                                      max_connections=args.scenario_streams + 64, **target.client_kwargs) as client:
+            if "prefill-interference" in scenarios:
+                runner.progress.note(f"scenario prefill-interference{suffix}: {args.scenario_streams} decode streams, "
+                                     f"one {args.long_prompt_tokens}-token prompt")
+                cfg = S.InterferenceConfig(streams=args.scenario_streams, long_prompt_tokens=args.long_prompt_tokens,
+                                           baseline_seconds=args.baseline_seconds, tail_seconds=args.tail_seconds,
+                                           probe_interval=args.probe_interval, threshold=args.dip_threshold,
+                                           timeout=args.request_timeout)
+                wl = make_workload(args.scenario_workload, temperature=args.temperature)
+                res = await S.prefill_interference(client, target.prompts, wl, cfg, info.max_model_len)
+                record.scenarios["prefill-interference" + suffix] = res
+            if "prefix-reuse" in scenarios:
+                runner.progress.note(f"scenario prefix-reuse{suffix}: {args.reuse_repeats} document(s) of "
+                                     f"{args.long_prompt_tokens} tokens, each sent twice")
+                res = await S.prefix_reuse(client, target.prompts, args.long_prompt_tokens, args.reuse_repeats,
+                                           info.max_model_len)
+                record.scenarios["prefix-reuse" + suffix] = res
+
+
+def run(args) -> int:
+    err = sys.stderr
+    scenarios = list(dict.fromkeys(args.scenario or ["sweep"]))
+    try:
+        specs = _targets_spec(args)
+        workloads = _workloads(args)
+        if args.mode == "closed-loop" and args.requests and args.duration:
+            raise UsageError("closed loop: give --requests or --duration, not both")
+        if args.mode == "waves" and (args.requests or args.duration):
+            raise UsageError("--requests / --duration apply to --mode closed-loop only")
+    except UsageError as exc:
+        print(f"vllm-spark bench: error: {exc}", file=err)
+        return EXIT_USAGE
+
+    run_id = datetime.now().strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+    need_pool = "random" in [w.name for w in workloads] or any(s != "sweep" for s in scenarios)
+    try:
+        targets = run_async(_prepare(args, specs, need_pool, run_id), args.event_loop)
+    except (PreflightError, UsageError) as exc:
+        print(f"vllm-spark bench: error: {exc}", file=err)
+        return EXIT_PREFLIGHT
+
+    out = Path(args.out or Path("runs") / f"bench-{run_id[:15]}")
+    out.mkdir(parents=True, exist_ok=True)
+    record = RunRecord(run_id=run_id, started=now_iso(), config=_config_dict(args, workloads, scenarios),
+                       out_dir=out, servers=[t.info.to_json() | {"label": t.label} for t in targets])
+    _write_meta(record, workloads)
+    cfg = SweepConfig(levels=args.levels, trials=args.trials, warmup=args.warmup, mode=args.mode,
+                      requests=args.requests, duration=args.duration, include_short=args.include_short,
+                      api_key=args.api_key)
+    units = cfg.units(len(targets) * len(workloads)) if "sweep" in scenarios else 0
+    progress = Progress(units, enabled=not args.quiet)
+    csv_writer = CsvWriter(out / CSV_NAME)
+    runner = SweepRunner(cfg, record, csv_writer, progress)
+    if not args.quiet:
+        for t in targets:
+            print(f"vllm-spark bench: {t.label}: {t.info.endpoint} model {t.info.model} "
+                  f"(engine {t.info.engine_version or 'unknown'}, max_model_len {t.info.max_model_len or 'unknown'})",
+                  file=err)
+    code = 0
+    try:
+        run_async(_run_all(args, targets, workloads, scenarios, record, runner), args.event_loop)
+        record.status, record.message = "complete", "all points completed"
+    except KeyboardInterrupt:
+        record.status = "interrupted"
+        record.message = f"interrupted by the user after {len(record.points)} completed point(s)"
+        code = EXIT_INTERRUPTED
+    except ServerGone as exc:
+        record.status = "failed"
+        record.message = f"{exc}; {len(record.points)} completed point(s) kept"
+        code = EXIT_SERVER_FAILED
+    except ScenarioError as exc:
+        record.status = "failed"
+        record.message = str(exc)
+        code = EXIT_SERVER_FAILED
+    finally:
+        progress.close()
+        csv_writer.close()
+        record.finished = now_iso()
+        if record.status == "running":  # an unexpected exception is on its way out
+            record.status, record.message = "failed", "internal error (see the traceback)"
+        summary = _finish(record, args, workloads)
+    if code:
+        print(f"vllm-spark bench: error: {record.message}. Partial results in {out}/ "
+              f"({CSV_NAME}, summary.json, report.html)", file=err)
+    for line in summary["capacity_statements"]:
+        print(line)
+    print(f"results: {out}/ ({', '.join(sorted(set(summary['files'].values())))})")
+    return code
+
+
+def _write_meta(record: RunRecord, workloads: list[Workload]) -> None:
+    write_json(record.out_dir / META_NAME, {
+        "run_id": record.run_id, "tool": "vllm-spark bench", "plugin_version": __version__,
+        "started": record.started, "finished": record.finished, "status": record.status,
+        "command": ["vllm-spark", "bench", *sys.argv[2:]] if sys.argv[1:2] == ["bench"] else sys.argv,
+        "config": record.config, "servers": record.servers,
+        "workloads": [{"name": w.name, "output_tokens": w.output_tokens, "temperature": w.temperature,
+                       "input_tokens": w.input_tokens} for w in workloads],
+        "request_count_per_trial": {str(c): (c if record.config["mode"] == "waves"
+                                             else record.config.get("requests") or (None if record.config.get("duration") else 4 * c))
+                                    for c in record.config["levels"]},
+        "csv_columns": CSV_COLUMNS,
+    })
+
+
+def _finish(record: RunRecord, args, workloads) -> dict:
+    from .report import write_reports
+    _write_meta(record, workloads)
+    return write_reports(record, tuple(args.floor), args.ttft_slo)

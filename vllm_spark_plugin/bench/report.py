@@ -1,0 +1,262 @@
+"""Write every report of a run from its `RunRecord`: `summary.json`, `capacity_profile.json`, the
+PNG plots and the self-contained `report.html`.  Called at the end of a run and also after an
+interrupted or failed one (the report then says it is partial)."""
+from __future__ import annotations
+
+import base64
+import html
+from dataclasses import asdict
+from pathlib import Path
+
+from ..knee.result import floor_key
+from .analysis import CurveAnalysis, analyze, capacity_profile, fleet_capacity, fleet_statement
+from .results import CSV_NAME, META_NAME, RunRecord, write_json
+
+SUMMARY_NAME = "summary.json"
+PROFILE_NAME = "capacity_profile.json"
+REPORT_NAME = "report.html"
+PLOT_NAMES = {"aggregate": "aggregate.png", "per_stream": "per_stream.png", "ttft": "ttft.png",
+              "interference": "prefill_interference.png"}
+
+
+def _profile_name(label: str) -> str:
+    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in label)
+    return f"capacity_profile-{safe}.json"
+
+
+def write_reports(record: RunRecord, floors: tuple[float, ...], ttft_slo: float | None = None) -> dict:
+    """Write all reports; returns the summary dict.  Plots are skipped (and said so) when there is
+    nothing to plot."""
+    out = Path(record.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    curves = analyze(record, floors, ttft_slo)
+    files: dict[str, str] = {"csv": CSV_NAME, "meta": META_NAME}
+    plots: dict[str, Path] = {}
+    if curves:
+        from . import plots as P  # matplotlib only when there is something to draw
+        plots["aggregate"] = P.plot_rates(curves, out / PLOT_NAMES["aggregate"], "aggregate")
+        plots["per_stream"] = P.plot_rates(curves, out / PLOT_NAMES["per_stream"], "per_stream", floors)
+        plots["ttft"] = P.plot_ttft(curves, out / PLOT_NAMES["ttft"])
+    pi = record.scenarios.get("prefill-interference")
+    if pi and not pi.get("error"):
+        from . import plots as P
+        plots["interference"] = P.plot_interference(pi, out / PLOT_NAMES["interference"])
+    files.update({k: p.name for k, p in plots.items()})
+
+    source = f"vllm-spark bench run {record.run_id} ({CSV_NAME})"
+    date = record.finished or record.started
+    profiles = [capacity_profile(a, date, source) for a in curves]
+    if profiles:
+        main = dict(profiles[0])
+        main["curves"] = profiles
+        write_json(out / PROFILE_NAME, main)
+        files["capacity_profile"] = PROFILE_NAME
+        labels = list(dict.fromkeys(a.key.label for a in curves))
+        if len(labels) > 1:  # a fleet: one profile per endpoint (its first workload) as well
+            for label in labels:
+                own = [p for p in profiles if p["label"] == label]
+                prof = dict(own[0])
+                prof["curves"] = own
+                write_json(out / _profile_name(label), prof)
+                files[f"capacity_profile:{label}"] = _profile_name(label)
+
+    fleet = fleet_capacity(curves, floors)
+    statements = [a.statement() for a in curves]
+    if len({a.key.label for a in curves}) > 1:
+        statements += fleet_statement(fleet, floors)
+    files["summary"] = SUMMARY_NAME
+    files["report"] = REPORT_NAME
+    summary = {
+        "run_id": record.run_id,
+        "status": record.status,
+        "complete": record.status == "complete",
+        "message": record.message,
+        "started": record.started,
+        "finished": record.finished,
+        "config": record.config,
+        "servers": record.servers,
+        "floors": list(floors),
+        "capacity_statements": statements,
+        "curves": [{"label": a.key.label, "workload": a.key.workload, "endpoint": a.key.endpoint,
+                    "model": a.key.model, "capacity": a.capacity, "knee": a.knee,
+                    "statement": a.statement(), "points": [r.to_json() for r in a.rows]}
+                   for a in curves],
+        "fleet": fleet,
+        "scenarios": {k: _without_timeline(v) for k, v in record.scenarios.items()},
+        "files": files,
+    }
+    write_json(out / SUMMARY_NAME, summary)
+    (out / REPORT_NAME).write_text(render_html(record, curves, summary, plots), encoding="utf-8")
+    return summary
+
+
+def _without_timeline(result: dict) -> dict:
+    """Scenario results for the summary; the dense rate timeline stays in the plot."""
+    return {k: v for k, v in result.items() if k != "timeline"}
+
+
+# --------------------------------------------------------------------------------------------- HTML
+def _img(path: Path, alt: str) -> str:
+    data = base64.b64encode(Path(path).read_bytes()).decode("ascii")
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
+
+
+def _num(x, spec=".1f") -> str:
+    return "&ndash;" if x is None else format(x, spec)
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> str:
+    head = "".join(f"<th>{h}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _curve_section(a: CurveAnalysis) -> str:
+    rows = []
+    for r in a.rows:
+        m = r.metrics
+        flag = []
+        if m.short_streams:
+            flag.append(f'<span class="warn">{m.short_streams} short</span>')
+        if m.errors:
+            flag.append(f'<span class="warn">{m.errors} errors</span>')
+        rows.append([str(r.concurrency), str(r.trial), _num(m.per_stream_median_tps), _num(m.per_stream_min_tps),
+                     _num(m.per_stream_p10_tps), _num(m.aggregate_tps), _num(m.output_tps),
+                     _num(m.ttft_p50_s, ".3f"), _num(m.ttft_p90_s, ".3f"), _num(m.ttft_p99_s, ".3f"),
+                     f"{m.completed}/{m.requests}", " ".join(flag) or "ok"])
+    k = a.knee or {}
+    fit = ""
+    if k:
+        ci = k.get("ci") or {}
+        fit_rows = [[name, _num(k.get(key), spec), _ci_txt(ci.get(key), spec)]
+                    for name, key, spec in (("alpha (s)", "alpha_seconds", ".4g"), ("beta (s)", "beta_seconds", ".4g"),
+                                            ("knee (streams)", "knee", ".1f"),
+                                            ("plateau (tok/s)", "plateau_tokens_per_second", ".1f"))]
+        fit_rows += [[f"fitted capacity at {f} tok/s", str(v), _ci_txt((ci.get("capacity") or {}).get(f), ".0f")]
+                     for f, v in (k.get("capacity") or {}).items()]
+        fit = (f"<p>Step-time fit t(b) = alpha + beta&middot;b: verdict <b>{html.escape(str(k.get('verdict')))}</b>"
+               f", model {html.escape(str(k.get('model')))}, R&sup2; {_num(k.get('r2'), '.3f')}.</p>"
+               + _table(["quantity", "estimate", f"{int(100 * (ci.get('level') or 0.95))}% CI"], fit_rows)
+               + "".join(f"<p class='note'>{html.escape(n)}</p>" for n in k.get("notes") or []))
+    return (f"<h3>{html.escape(a.key.label)} / {html.escape(a.key.workload)}</h3>"
+            f"<p class='meta'>endpoint {html.escape(a.key.endpoint)}, model {html.escape(a.key.model)}</p>"
+            f"<p class='statement'>{html.escape(a.statement())}</p>"
+            + _table(["concurrency", "trials", "per-stream median tok/s", "min", "p10", "aggregate tok/s",
+                      "output tok/s", "TTFT p50 s", "p90", "p99", "completed", "validation"], rows)
+            + fit)
+
+
+def _ci_txt(ci, spec) -> str:
+    if isinstance(ci, list) and len(ci) == 2 and None not in ci:
+        return f"[{format(ci[0], spec)}, {format(ci[1], spec)}]"
+    return "&ndash;"
+
+
+def _scenario_section(record: RunRecord, plots: dict) -> str:
+    parts = []
+    pi = record.scenarios.get("prefill-interference")
+    if pi:
+        if pi.get("error"):
+            parts.append(f"<h3>Prefill interference</h3><p class='warn'>{html.escape(pi['error'])}</p>")
+        else:
+            dip = pi.get("dip") or {}
+            lp = pi.get("long_prompt") or {}
+            pr = pi.get("probe_ttft_during_prefill_s") or {}
+            rows = [["decode streams", str(pi.get("decode_streams"))],
+                    ["long prompt tokens", str(lp.get("prompt_tokens"))],
+                    ["long prompt TTFT (s)", _num(lp.get("ttft_s"), ".3f")],
+                    ["baseline per-stream rate (tok/s)", _num(pi.get("baseline_tokens_per_second"))],
+                    ["dip detected", str(dip.get("detected"))],
+                    ["dip duration (s)", _num(dip.get("duration_s"), ".3f")],
+                    ["dip depth: lowest rate (tok/s)", _num(dip.get("min_tokens_per_second"))],
+                    ["dip depth: fraction of baseline", _num(dip.get("depth_ratio"), ".2f")],
+                    ["mean per-stream rate in the dip (tok/s)", _num(dip.get("mean_tokens_per_second"))],
+                    ["short-request TTFT before (s)", _num(pi.get("baseline_probe_ttft_s"), ".3f")],
+                    ["short-request TTFT during prefill, median (s)", _num(pr.get("median"), ".3f")],
+                    ["short-request TTFT during prefill, max (s)", _num(pr.get("max"), ".3f")],
+                    ["probes during prefill", str(pr.get("count"))]]
+            parts.append("<h3>Prefill interference</h3>" + _table(["quantity", "value"], rows)
+                         + "".join(f"<p class='note'>{html.escape(n)}</p>" for n in pi.get("notes") or [])
+                         + (_img(plots["interference"], "prefill interference") if "interference" in plots else ""))
+    pr = record.scenarios.get("prefix-reuse")
+    if pr:
+        if pr.get("error"):
+            parts.append(f"<h3>Prefix reuse</h3><p class='warn'>{html.escape(pr['error'])}</p>")
+        else:
+            rows = [[str(p["prompt_tokens"]), _num(p["cold_ttft_s"], ".3f"), _num(p["cached_ttft_s"], ".3f"),
+                     str(p.get("cached_tokens_reported"))] for p in pr["pairs"]]
+            parts.append("<h3>Prefix reuse</h3>"
+                         f"<p class='statement'>TTFT cold {_num(pr.get('cold_ttft_s'), '.3f')} s, cached "
+                         f"{_num(pr.get('cached_ttft_s'), '.3f')} s (x{_num(pr.get('speedup'), '.1f')}) for a "
+                         f"{pr.get('document_tokens')}-token document</p>"
+                         + _table(["prompt tokens", "cold TTFT s", "cached TTFT s", "cached tokens (server)"], rows)
+                         + "".join(f"<p class='note'>{html.escape(n)}</p>" for n in pr.get("notes") or []))
+    return ("<h2>Scenarios</h2>" + "".join(parts)) if parts else ""
+
+
+CSS = """
+body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px;color:#222;max-width:1100px}
+h1{font-size:22px} h2{font-size:18px;margin-top:28px;border-bottom:1px solid #ddd} h3{font-size:15px}
+table{border-collapse:collapse;margin:8px 0;font-size:12px} td,th{border:1px solid #ccc;padding:3px 7px;text-align:right}
+th{background:#f3f3f3} td:first-child,th:first-child{text-align:left}
+.statement{font-weight:600} .warn{color:#b00020;font-weight:600} .note{color:#555;font-size:12px}
+.meta{color:#555;font-size:12px} .banner{background:#fff3cd;border:1px solid #e0c36c;padding:8px 12px}
+.plots img{max-width:100%;width:720px;display:block;margin:10px 0}
+"""
+
+
+def render_html(record: RunRecord, curves: list[CurveAnalysis], summary: dict, plots: dict) -> str:
+    banner = ""
+    if record.status != "complete":
+        banner = (f"<p class='banner'><b>Partial results ({html.escape(record.status)}):</b> "
+                  f"{html.escape(record.message)}</p>")
+    statements = "".join(f"<li>{html.escape(s)}</li>" for s in summary["capacity_statements"])
+    plot_html = "".join(_img(plots[k], k) for k in ("aggregate", "per_stream", "ttft") if k in plots)
+    server_rows = [[html.escape(str(s.get("endpoint"))), html.escape(str(s.get("model"))),
+                    html.escape(str(s.get("engine_version"))), html.escape(str(s.get("max_model_len"))),
+                    html.escape(str(s.get("recipe") or ""))] for s in record.servers]
+    cfg_rows = [[html.escape(k), html.escape(str(v))] for k, v in record.config.items()]
+    fleet_html = ""
+    if len({a.key.label for a in curves}) > 1:
+        rows = []
+        for workload, w in summary["fleet"].items():
+            for fk, total in w["total"].items():
+                per = ", ".join(f"{html.escape(l)}: {e['capacity'].get(fk)}" for l, e in w["endpoints"].items())
+                rows.append([html.escape(workload), fk, str(total), per])
+        fleet_html = ("<h2>Fleet capacity</h2><p class='note'>Sums of per-endpoint capacities per workload "
+                      "(alternative workloads, not a mixed load).</p>"
+                      + _table(["workload", "floor tok/s", "streams (sum)", "per endpoint"], rows))
+    definitions = (
+        "<h2>Definitions</h2><ul>"
+        "<li>Per-stream decode rate = (output tokens &minus; 1) / (last token time &minus; first token time); "
+        "median across streams within a trial, then median across trials.</li>"
+        "<li>Aggregate throughput = sum over streams of (output tokens &minus; 1) / (latest last token &minus; "
+        "earliest first token), per trial; median across trials. It differs from concurrency &times; median rate.</li>"
+        "<li>TTFT (queueing + prefill) is reported separately. Output tok/s = output tokens / wall time.</li>"
+        "<li>Capacity = the highest measured concurrency whose median per-stream rate is at or above the floor. "
+        "Knee K = alpha/beta of the step-time fit t(b) = alpha + beta&middot;b.</li>"
+        "<li>Streams that ended before the requested length are counted as <i>short</i> and "
+        + ("included in" if record.config.get("include_short") else "left out of")
+        + " the per-stream rate statistics.</li></ul>")
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>vllm-spark bench {html.escape(record.run_id)}</title>
+<style>{CSS}</style></head><body>
+<h1>vllm-spark bench report</h1>
+<p class="meta">run {html.escape(record.run_id)}, started {html.escape(record.started)}, finished
+{html.escape(str(record.finished))}, status {html.escape(record.status)}</p>
+{banner}
+<h2>Capacity</h2><ul>{statements or '<li>no completed points</li>'}</ul>
+<div class="plots">{plot_html}</div>
+{fleet_html}
+<h2>Points</h2>{''.join(_curve_section(a) for a in curves) or '<p>No completed points.</p>'}
+{_scenario_section(record, plots)}
+<h2>Servers</h2>{_table(['endpoint', 'model', 'engine version', 'max_model_len', 'recipe'], server_rows)}
+<h2>Run configuration</h2>{_table(['option', 'value'], cfg_rows)}
+{definitions}
+<p class="meta">Files: {html.escape(', '.join(sorted(set(summary['files'].values()))))}</p>
+</body></html>
+"""
+
+
+def floor_keys(floors: tuple[float, ...]) -> list[str]:
+    return [floor_key(f) for f in floors]

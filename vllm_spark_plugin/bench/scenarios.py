@@ -1,0 +1,204 @@
+"""Seed 003's two prefill scenarios.
+
+* prefill interference: while N decode streams run, one long uncached prompt arrives.  The decode
+  rate of the running streams dips while it is prefilled (seed 003: a 32k-token prompt held Qwen's
+  streams at ~4 tok/s for ~16 s, and new short requests waited 13-15 s for a first token).  The dip
+  is read from the inter-token timings of the running streams; short probe requests sent during
+  the prefill report the TTFT a newcomer sees.
+* prefix reuse: the same long document twice: TTFT cold vs cached (seed 003: 17 s -> 0.4 s).
+
+Dip definition: at each instant t the instantaneous rate of a stream is 1 / (the inter-token gap
+that contains t); the fleet rate r(t) is the median over streams.  The baseline is the median of
+r(t) before the long prompt is sent; the dip is the stretch after it where r(t) stays below
+`threshold` x baseline (default 0.5).  Depth = the lowest r(t) in the dip (and as a fraction of the
+baseline); duration = from the first to the last instant below the threshold.
+"""
+from __future__ import annotations
+
+import asyncio
+import bisect
+import statistics
+import time
+from dataclasses import dataclass
+
+from ..definitions import median
+from .client import OpenAIStreamClient, StreamResult
+from .workloads import PromptFactory, Workload
+
+PROBE_PROMPT = "Reply with one word: hello."
+
+
+class ScenarioError(RuntimeError):
+    """A scenario could not be measured (its message says why)."""
+
+
+@dataclass
+class InterferenceConfig:
+    streams: int = 8
+    long_prompt_tokens: int = 32000
+    baseline_seconds: float = 3.0
+    tail_seconds: float = 3.0
+    probe_interval: float = 0.5
+    probe_tokens: int = 4
+    threshold: float = 0.5
+    timeout: float = 600.0
+
+
+def _fit_prompt_len(requested: int, max_model_len: int | None, reserve: int) -> tuple[int, str | None]:
+    if max_model_len and requested + reserve > max_model_len:
+        n = max(16, max_model_len - reserve)
+        return n, (f"long prompt shortened from {requested} to {n} tokens to fit max_model_len "
+                   f"{max_model_len}")
+    return requested, None
+
+
+def rate_timeline(chunk_lists: list[list[float]], t0: float, start: float, end: float, step: float
+                  ) -> tuple[list[float], list[float | None]]:
+    """Median over streams of the instantaneous rate (1/gap containing t), on a grid of times
+    relative to t0.  A stream contributes only between its first and last token."""
+    ts: list[float] = []
+    rates: list[float | None] = []
+    rel = [[x - t0 for x in c] for c in chunk_lists if len(c) >= 2]
+    n = int((end - start) / step) + 1
+    for i in range(n):
+        t = start + i * step
+        vals = []
+        for c in rel:
+            j = bisect.bisect_right(c, t)
+            if 0 < j < len(c):
+                gap = c[j] - c[j - 1]
+                if gap > 0:
+                    vals.append(1.0 / gap)
+        ts.append(round(t, 6))
+        rates.append(statistics.median(vals) if vals else None)
+    return ts, rates
+
+
+def find_dip(ts: list[float], rates: list[float | None], baseline: float, threshold: float,
+             step: float, chunk_lists: list[list[float]], t0: float) -> dict:
+    below = [t for t, r in zip(ts, rates) if t >= 0 and r is not None and r < threshold * baseline]
+    if not below:
+        return {"detected": False}
+    start, end = below[0], below[-1] + step
+    inside = [r for t, r in zip(ts, rates) if start <= t < end and r is not None]
+    low = min(inside)
+    # mean rate of each stream over the dip window (tokens that arrived in it / its length)
+    per_stream = [sum(1 for x in c if start <= x - t0 < end) / (end - start) for c in chunk_lists if c]
+    return {"detected": True, "start_s": start, "end_s": end, "duration_s": end - start,
+            "min_tokens_per_second": low, "depth_ratio": low / baseline,
+            "mean_tokens_per_second": median(per_stream)}
+
+
+async def prefill_interference(client: OpenAIStreamClient, prompts: PromptFactory, workload: Workload,
+                               cfg: InterferenceConfig, max_model_len: int | None) -> dict:
+    notes: list[str] = []
+    long_len, note = _fit_prompt_len(cfg.long_prompt_tokens, max_model_len, reserve=64)
+    if note:
+        notes.append(note)
+    decode_tokens = 4096 if not max_model_len else max(64, min(4096, max_model_len - 512))
+    chunk_lists: list[list[float]] = [[] for _ in range(cfg.streams)]
+    decode = [asyncio.create_task(client.stream(prompts.prompt(workload, i, client.token_ids_allowed),
+                                                decode_tokens, workload.temperature, chunk_times=chunk_lists[i]))
+              for i in range(cfg.streams)]
+    long_task = None
+    probes: list[tuple[float, asyncio.Task]] = []
+    try:
+        deadline = time.perf_counter() + cfg.timeout
+        while any(len(c) < 2 for c in chunk_lists):
+            if all(t.done() for t in decode) or time.perf_counter() > deadline:
+                errors = [t.result().timing.error for t in decode if t.done() and not t.cancelled()]
+                raise ScenarioError("decode streams did not start: "
+                                   + (next((e for e in errors if e), "timed out")))
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(cfg.baseline_seconds)
+        baseline_probe = await client.stream(PROBE_PROMPT, cfg.probe_tokens, 0.0)
+        long_prompt = prompts.random_prompt(long_len, client.token_ids_allowed)
+        long_chunks: list[float] = []
+        t0 = time.perf_counter()
+        long_task = asyncio.create_task(client.stream(long_prompt, 1, 0.0, chunk_times=long_chunks))
+        await asyncio.sleep(min(0.05, cfg.probe_interval / 5))
+        while not long_chunks and not long_task.done() and time.perf_counter() - t0 < cfg.timeout:
+            probes.append((time.perf_counter() - t0,
+                           asyncio.create_task(client.stream(PROBE_PROMPT, cfg.probe_tokens, 0.0))))
+            slept = 0.0
+            while slept < cfg.probe_interval and not long_chunks and not long_task.done():
+                await asyncio.sleep(0.01)
+                slept += 0.01
+        long_res: StreamResult = await long_task
+        t_long_done = time.perf_counter() - t0
+        probe_results = [(sent, await task) for sent, task in probes]
+        await asyncio.sleep(cfg.tail_seconds)
+    finally:
+        for t in decode + ([long_task] if long_task else []) + [p[1] for p in probes]:
+            if not t.done():
+                t.cancel()
+        await asyncio.gather(*decode, return_exceptions=True)
+    if long_res.timing.error:
+        raise ScenarioError(f"the long prompt failed: {long_res.timing.error}")
+    decode_errors = [t.result().timing.error for t in decode
+                     if not t.cancelled() and t.exception() is None and t.result().timing.error]
+    if decode_errors:
+        notes.append(f"{len(decode_errors)} decode stream(s) failed: {decode_errors[0]}")
+    gaps = [b - a for c in chunk_lists for a, b in zip(c, c[1:])]
+    step = max(0.002, min(0.05, (median(gaps) or 0.02) / 2))
+    start = -cfg.baseline_seconds
+    end = max((c[-1] for c in chunk_lists if c), default=t0) - t0
+    ts, rates = rate_timeline(chunk_lists, t0, start, end, step)
+    base_vals = [r for t, r in zip(ts, rates) if t < 0 and r is not None]
+    baseline = median(base_vals)
+    dip = (find_dip(ts, rates, baseline, cfg.threshold, step, chunk_lists, t0) if baseline
+           else {"detected": False})
+    probe_rows = [{"sent_s": sent, "ttft_s": r.timing.ttft, "error": r.timing.error,
+                   "during_prefill": long_res.timing.first_token is None
+                   or (t0 + sent) < long_res.timing.first_token}
+                  for sent, r in probe_results]
+    during = [p["ttft_s"] for p in probe_rows if p["during_prefill"] and p["ttft_s"] is not None]
+    return {
+        "scenario": "prefill-interference",
+        "decode_streams": cfg.streams,
+        "decode_workload": workload.name,
+        "long_prompt": {"requested_tokens": long_len, "prompt_tokens": long_res.timing.prompt_tokens,
+                        "ttft_s": long_res.timing.ttft, "done_s": t_long_done,
+                        "cached_tokens": long_res.cached_tokens},
+        "baseline_tokens_per_second": baseline,
+        "threshold": cfg.threshold,
+        "dip": dip,
+        "baseline_probe_ttft_s": baseline_probe.timing.ttft,
+        "probes": probe_rows,
+        "probe_ttft_during_prefill_s": {"count": len(during), "median": median(during),
+                                        "max": max(during) if during else None},
+        "timeline": {"t": ts, "median_rate": rates, "step_s": step},
+        "notes": notes,
+    }
+
+
+async def prefix_reuse(client: OpenAIStreamClient, prompts: PromptFactory, doc_tokens: int,
+                       repeats: int, max_model_len: int | None) -> dict:
+    """Each of `repeats` fresh documents is sent twice; TTFT of the first (cold) and second (cached)."""
+    notes: list[str] = []
+    n, note = _fit_prompt_len(doc_tokens, max_model_len, reserve=16)
+    if note:
+        notes.append(note)
+    pairs = []
+    for _ in range(max(1, repeats)):
+        doc = prompts.random_prompt(n, client.token_ids_allowed)
+        cold = await client.stream(doc, 1, 0.0)
+        cached = await client.stream(doc, 1, 0.0)
+        for r in (cold, cached):
+            if r.timing.error:
+                raise ScenarioError(f"prefix-reuse request failed: {r.timing.error}")
+        pairs.append({"prompt_tokens": cold.timing.prompt_tokens, "cold_ttft_s": cold.timing.ttft,
+                      "cached_ttft_s": cached.timing.ttft, "cached_tokens_reported": cached.cached_tokens})
+    cold_m = median(p["cold_ttft_s"] for p in pairs)
+    cached_m = median(p["cached_ttft_s"] for p in pairs)
+    if cold_m and cached_m and cached_m > 0.8 * cold_m:
+        notes.append("the second request was not much faster: is prefix caching enabled on the server?")
+    return {
+        "scenario": "prefix-reuse",
+        "document_tokens": n,
+        "pairs": pairs,
+        "cold_ttft_s": cold_m,
+        "cached_ttft_s": cached_m,
+        "speedup": (cold_m / cached_m) if cold_m and cached_m else None,
+        "notes": notes,
+    }

@@ -1,0 +1,146 @@
+"""Hardware profiles: built-in (`gb10`, `h100`, `h200`, packaged JSON under `plan/profiles/`) or a
+custom JSON file with the same fields.
+
+Required fields: name, memory_bytes, bandwidth_nominal_bytes_per_second,
+compute_flops_per_second (a mapping dtype -> FLOP/s with at least "bf16").  Optional (defaults in
+`_DEFAULTS`): bandwidth_measured_bytes_per_second, unified_memory, os_reserve_bytes,
+gpu_memory_utilization, kernel_overhead_seconds, step_overhead_seconds, runtime_base_bytes,
+interconnect {bandwidth_bytes_per_second, latency_seconds}, description, notes, sources.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+_DEFAULTS = {
+    "unified_memory": False,
+    "os_reserve_bytes": 0.0,
+    "gpu_memory_utilization": 0.9,
+    "kernel_overhead_seconds": 10e-6,
+    "step_overhead_seconds": 1e-3,
+    "runtime_base_bytes": 2 * 2**30,
+    "interconnect": {"name": "", "bandwidth_bytes_per_second": 25e9, "latency_seconds": 5e-6},
+}
+
+
+class HardwareError(ValueError):
+    pass
+
+
+@dataclass
+class Hardware:
+    name: str
+    memory_bytes: float
+    bandwidth_nominal: float
+    compute: dict
+    bandwidth_measured: float | None = None
+    unified_memory: bool = False
+    os_reserve_bytes: float = 0.0
+    gpu_memory_utilization: float = 0.9
+    kernel_overhead_seconds: float = 10e-6
+    step_overhead_seconds: float = 1e-3
+    runtime_base_bytes: float = 2 * 2**30
+    link_bandwidth: float = 25e9
+    link_latency: float = 5e-6
+    link_name: str = ""
+    description: str = ""
+    notes: str = ""
+    sources: list = field(default_factory=list)
+
+    def peak(self, dtype: str) -> tuple[str, float]:
+        """(dtype actually used, FLOP/s): formats the profile has no peak for fall back to bf16."""
+        if dtype in self.compute:
+            return dtype, float(self.compute[dtype])
+        return "bf16", float(self.compute["bf16"])
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name, "description": self.description, "memory_bytes": self.memory_bytes,
+            "unified_memory": self.unified_memory, "os_reserve_bytes": self.os_reserve_bytes,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "bandwidth_nominal_bytes_per_second": self.bandwidth_nominal,
+            "bandwidth_measured_bytes_per_second": self.bandwidth_measured,
+            "compute_flops_per_second": dict(self.compute),
+            "kernel_overhead_seconds": self.kernel_overhead_seconds,
+            "step_overhead_seconds": self.step_overhead_seconds,
+            "runtime_base_bytes": self.runtime_base_bytes,
+            "interconnect": {"name": self.link_name, "bandwidth_bytes_per_second": self.link_bandwidth,
+                             "latency_seconds": self.link_latency},
+        }
+
+
+def _positive(doc: dict, key: str, where: str, allow_zero: bool = False) -> float:
+    v = doc.get(key)
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and (v >= 0 if allow_zero else v > 0)
+    if not ok:
+        raise HardwareError(f"{where}: field {key!r} must be a {'non-negative' if allow_zero else 'positive'} number, got {v!r}")
+    return float(v)
+
+
+def from_dict(doc: dict, where: str = "hardware profile") -> Hardware:
+    if not isinstance(doc, dict):
+        raise HardwareError(f"{where}: expected a JSON object")
+    d = {**_DEFAULTS, **doc}
+    name = d.get("name")
+    if not isinstance(name, str) or not name:
+        raise HardwareError(f"{where}: field 'name' must be a non-empty string")
+    compute = d.get("compute_flops_per_second")
+    if not isinstance(compute, dict) or "bf16" not in compute:
+        raise HardwareError(f"{where}: field 'compute_flops_per_second' must map dtypes to FLOP/s and include 'bf16'")
+    for k in compute:
+        _positive(compute, k, f"{where}: compute_flops_per_second")
+    util = _positive(d, "gpu_memory_utilization", where)
+    if util > 1:
+        raise HardwareError(f"{where}: gpu_memory_utilization must be in (0, 1], got {util}")
+    link = d.get("interconnect") or {}
+    if not isinstance(link, dict):
+        raise HardwareError(f"{where}: field 'interconnect' must be an object")
+    link = {**_DEFAULTS["interconnect"], **link}
+    measured = d.get("bandwidth_measured_bytes_per_second")
+    return Hardware(
+        name=name,
+        memory_bytes=_positive(d, "memory_bytes", where),
+        bandwidth_nominal=_positive(d, "bandwidth_nominal_bytes_per_second", where),
+        bandwidth_measured=None if measured is None else _positive(d, "bandwidth_measured_bytes_per_second", where),
+        compute={k: float(v) for k, v in compute.items()},
+        unified_memory=bool(d.get("unified_memory")),
+        os_reserve_bytes=_positive(d, "os_reserve_bytes", where, allow_zero=True),
+        gpu_memory_utilization=util,
+        kernel_overhead_seconds=_positive(d, "kernel_overhead_seconds", where, allow_zero=True),
+        step_overhead_seconds=_positive(d, "step_overhead_seconds", where, allow_zero=True),
+        runtime_base_bytes=_positive(d, "runtime_base_bytes", where, allow_zero=True),
+        link_bandwidth=_positive(link, "bandwidth_bytes_per_second", f"{where}: interconnect"),
+        link_latency=_positive(link, "latency_seconds", f"{where}: interconnect", allow_zero=True),
+        link_name=str(link.get("name", "")),
+        description=str(d.get("description", "")),
+        notes=str(d.get("notes", "")),
+        sources=list(d.get("sources", [])),
+    )
+
+
+def builtin_profiles() -> dict[str, dict]:
+    root = resources.files("vllm_spark_plugin.plan") / "profiles"
+    out = {}
+    for entry in root.iterdir():
+        if entry.name.endswith(".json"):
+            doc = json.loads(entry.read_text(encoding="utf-8"))
+            out[doc["name"]] = doc
+    return dict(sorted(out.items()))
+
+
+def load_hardware(spec: str) -> Hardware:
+    """A built-in profile name or a path to a custom JSON profile."""
+    profiles = builtin_profiles()
+    if spec.lower() in profiles:
+        return from_dict(profiles[spec.lower()], where=f"built-in profile {spec.lower()}")
+    path = Path(spec).expanduser()
+    if not path.exists():
+        raise HardwareError(f"unknown hardware {spec!r}: not a built-in profile ({', '.join(profiles)}) and no such file")
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise HardwareError(f"{path}: not valid JSON ({exc})") from None
+    return from_dict(doc, where=str(path))

@@ -1,0 +1,263 @@
+"""Decode step-time model t(b) = alpha(b) + beta * b from bytes moved and FLOPs, with efficiency factors.
+
+Per decode step of b streams on one tensor-parallel rank:
+
+* alpha(b) — what every step pays once:
+  fixed overhead (kernels per step x kernel latency + per-step host work) x overhead_scale
+  + (weights every step reads: attention / linear-attention / dense / shared experts / LatentMoE
+     projections / router / lm_head) / (nominal bandwidth x bandwidth_efficiency)
+  + (expected distinct routed experts touched by b tokens, E * (1 - (1 - k/E)^b) per MoE layer, x
+     bytes per expert) / (same bandwidth)                      <- grows with b and saturates at E
+  + all-reduce latency (tp > 1);
+* beta — what each stream adds:
+  (KV-cache read at the context + recurrent state read and written back) / bandwidth
+  + 2 x active params (+ attention math) FLOPs / (peak x compute_efficiency)
+  + all-reduce bytes of its hidden vector (tp > 1).
+
+Because of the expert term t(b) is not linear for MoE models: the knee is defined on the linear fit
+t ~ alpha + beta*b of the predicted curve over b = 1..64 (K = alpha/beta, plateau 1/beta), the same
+model the online estimator fits to measured steps.  Memory and compute terms are added, not
+overlapped (conservative).  Pipeline parallelism runs pp micro-batches of b/pp streams, so a stream
+sees t(ceil(b/pp)) plus pp-1 point-to-point hops; it buys memory, not per-stream speed.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from vllm_spark_plugin.definitions import DEFAULT_FLOOR_TOKENS_PER_SECOND, SweepPoint, capacity_at_floor
+from vllm_spark_plugin.plan.deployment import Deployment
+
+KNEE_FIT_RANGE = (1, 64)
+
+
+@dataclass
+class Efficiency:
+    """Efficiency factors (defaults are reasoned in docs/plan.md, not fitted to any published point)."""
+
+    bandwidth: float = 0.85     # fraction of NOMINAL memory bandwidth a decode step's reads achieve
+    compute: float = 0.5        # fraction of the dtype's peak FLOP/s the step's GEMMs/attention achieve
+    overhead_scale: float = 1.0 # multiplies the profile's kernel x latency + per-step host overhead
+    source: str = "defaults"
+
+    def validate(self) -> None:
+        for name in ("bandwidth", "compute", "overhead_scale"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise ValueError(f"efficiency {name} must be a positive number, got {v!r}")
+        if self.bandwidth > 1.5:
+            raise ValueError(f"bandwidth efficiency {self.bandwidth} is implausible (> 1.5 x nominal bandwidth)")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def distinct_experts(n_experts: int, top_k: int, tokens: float) -> float:
+    """Expected distinct experts one MoE layer touches for `tokens` tokens routed uniformly at random."""
+    if n_experts <= 0 or tokens <= 0:
+        return 0.0
+    return n_experts * (1.0 - (1.0 - top_k / n_experts) ** tokens)
+
+
+class StepModel:
+    def __init__(self, dep: Deployment, eff: Efficiency | None = None):
+        self.dep = dep
+        self.eff = eff or Efficiency()
+        self.eff.validate()
+        hw = dep.hw
+        self.bandwidth = hw.bandwidth_nominal * self.eff.bandwidth
+        self.compute_dtype, self.peak_flops = dep.peak()
+        self.flops_rate = self.peak_flops * self.eff.compute
+        a, p = dep.arch, dep.params
+        bpp = dep.bytes_per_param
+        tp = dep.tp
+        lm = p.lm_head * bpp("lm_head") if p.lm_head else p.embeddings * bpp("embeddings")
+        # bytes every step reads once, whole model, one tp rank
+        self.dense_bytes = ((p.attention * bpp("attention") + p.linear_attention * bpp("linear_attention")
+                             + p.dense_mlp * bpp("dense_mlp") + p.shared_experts * bpp("shared_experts")
+                             + p.moe_latent * bpp("moe_latent") + lm) / tp
+                            + p.router * bpp("router") + p.small * bpp("small"))
+        self.expert_bytes = p.per_expert * bpp("routed_experts") / tp
+        self.moe_layers = p.moe_layers
+        # a token passes every pipeline stage: whole-model cache traffic (the deployment's are per node)
+        self.kv_read = dep.kv_read_bytes(dep.context) * dep.pp
+        self.kv_write = dep.kv_bytes_per_token() * dep.pp
+        self.state_rw = dep.state_rw_bytes() * dep.pp
+        self.embed_row = a.hidden * 2
+        self.flops_per_token = (2 * dep.active_params() + dep.attention_flops_per_token(dep.context)) / tp
+        self.kernels = dep.kernels_per_step()
+        self.base_overhead = self.kernels * hw.kernel_overhead_seconds + hw.step_overhead_seconds
+        self.overhead = self.base_overhead * self.eff.overhead_scale
+
+    # ------------------------------------------------------------ pieces
+
+    def experts_touched(self, b: float) -> float:
+        a = self.dep.arch
+        return distinct_experts(a.n_experts, a.top_k, b) if a.is_moe else 0.0
+
+    def comm_seconds(self, m: float) -> tuple[float, float]:
+        """(latency part, bandwidth part) of the per-step collectives for a micro-batch of m streams."""
+        dep, hw = self.dep, self.dep.hw
+        lat = bw = 0.0
+        if dep.tp > 1:
+            n = dep.allreduces_per_step()
+            ring = 2 * (dep.tp - 1) / dep.tp
+            lat += n * hw.link_latency
+            bw += n * ring * dep.arch.hidden * m * 2 / hw.link_bandwidth
+        if dep.pp > 1:
+            lat += (dep.pp - 1) * hw.link_latency
+            bw += (dep.pp - 1) * dep.arch.hidden * m * 2 / hw.link_bandwidth
+        return lat, bw
+
+    def components(self, b: float) -> dict:
+        """Seconds of each term for one decode step as a stream sees it (b streams in the engine).
+
+        The *_raw entries are the same terms at efficiency 1 (used by calibration).
+        """
+        m = max(1.0, math.ceil(b / self.dep.pp)) if self.dep.pp > 1 else max(1.0, float(b))
+        experts = self.experts_touched(m) * self.moe_layers * self.expert_bytes
+        per_stream_bytes = self.kv_read + self.kv_write + self.state_rw + self.embed_row
+        fixed_bytes = self.dense_bytes + experts
+        bytes_total = fixed_bytes + m * per_stream_bytes
+        flops = m * self.flops_per_token
+        lat, cbw = self.comm_seconds(m)
+        nominal = self.dep.hw.bandwidth_nominal
+        return {
+            "micro_batch": m,
+            "overhead": self.overhead,
+            "weights": self.dense_bytes / self.bandwidth,
+            "experts": experts / self.bandwidth,
+            "experts_touched_per_layer": self.experts_touched(m),
+            "kv_and_state": m * per_stream_bytes / self.bandwidth,
+            "compute": flops / self.flops_rate,
+            "comm": lat + cbw,
+            "bytes": bytes_total,
+            "flops": flops,
+            "overhead_raw": self.base_overhead,
+            "memory_raw": bytes_total / nominal,
+            "compute_raw": flops / self.peak_flops,
+            "comm_raw": lat + cbw,
+        }
+
+    def step_seconds(self, b: float) -> float:
+        c = self.components(b)
+        return c["overhead"] + c["weights"] + c["experts"] + c["kv_and_state"] + c["compute"] + c["comm"]
+
+    def alpha_beta_physical(self, b: float = 1) -> tuple[float, float]:
+        """The physical split at batch b: alpha(b) (per step) and beta (per stream)."""
+        c = self.components(b)
+        m = c["micro_batch"]
+        lat, cbw = self.comm_seconds(m)
+        alpha = c["overhead"] + c["weights"] + c["experts"] + lat
+        beta = (c["kv_and_state"] + c["compute"] + cbw) / m
+        return alpha, beta
+
+    # ------------------------------------------------------------ curve, knee, capacity
+
+    def per_stream_rate(self, b: float) -> float:
+        return 1.0 / self.step_seconds(b)
+
+    def aggregate_rate(self, b: float) -> float:
+        return b / self.step_seconds(b)
+
+    def linear_fit(self, lo: int = KNEE_FIT_RANGE[0], hi: int = KNEE_FIT_RANGE[1]) -> dict:
+        bs = np.arange(lo, hi + 1, dtype=float)
+        ts = np.array([self.step_seconds(b) for b in bs])
+        beta, alpha = np.polyfit(bs, ts, 1)
+        pred = alpha + beta * bs
+        ss_res = float(np.sum((ts - pred) ** 2))
+        ss_tot = float(np.sum((ts - ts.mean()) ** 2))
+        r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0
+        knee = alpha / beta if beta > 0 else None
+        return {"alpha_seconds": float(alpha), "beta_seconds": float(beta), "fit_range": [lo, hi],
+                "r2": r2, "knee": knee, "plateau_tokens_per_second": (1.0 / beta) if beta > 0 else None,
+                "max_relative_error": float(np.max(np.abs(pred - ts) / ts))}
+
+    def prefill_seconds(self, requests: int, prompt: int) -> float:
+        """Time to prefill `requests` prompts of `prompt` tokens (chunked by max_num_batched_tokens)."""
+        dep = self.dep
+        tokens = requests * prompt
+        chunks = max(1, math.ceil(tokens / dep.max_num_batched_tokens))
+        attn = sum(self._prefill_attention_flops(prompt) for _ in range(1)) * requests
+        flops = (2 * dep.active_params() * tokens + attn) / dep.tp
+        per_chunk_tokens = min(tokens, dep.max_num_batched_tokens)
+        experts = self.experts_touched(per_chunk_tokens) * self.moe_layers * self.expert_bytes
+        bytes_ = chunks * (self.dense_bytes + experts) + tokens * self.kv_write
+        lat, cbw = self.comm_seconds(per_chunk_tokens)
+        return (chunks * (self.overhead + lat + cbw) + max(flops / self.flops_rate, bytes_ / self.bandwidth))
+
+    def _prefill_attention_flops(self, prompt: int) -> float:
+        a = self.dep.arch
+        f = 0.0
+        for l in a.layers:
+            if l.mixer == "full":
+                f += 2 * a.n_heads * a.head_dim * prompt * prompt  # causal: half of 4*h*d*P^2
+            elif l.mixer == "sliding":
+                w = min(prompt, a.sliding_window or prompt)
+                f += 4 * a.n_heads * a.head_dim * prompt * w
+            elif l.mixer == "mla":
+                f += 2 * a.n_heads * (a.qk_nope_head_dim + a.qk_rope_head_dim + (a.v_head_dim or a.qk_nope_head_dim)) * prompt * prompt
+            elif l.mixer == "linear":
+                f += 6 * a.lin_v_heads * a.lin_k_dim * a.lin_v_dim * prompt
+            elif l.mixer == "mamba":
+                f += 6 * a.mamba_heads * a.mamba_head_dim * a.mamba_state * prompt
+        return f
+
+    def ttft_seconds(self, b: int) -> float:
+        """TTFT of one request arriving while b streams decode: its own prefill + waiting behind a step."""
+        return self.prefill_seconds(1, self.dep.prompt_tokens) + self.step_seconds(b)
+
+    def ttft_wave_median_seconds(self, b: int) -> float:
+        """Median TTFT when b requests arrive together (a benchmark wave): half the prefills + a step."""
+        return self.prefill_seconds(max(1, math.ceil((b + 1) / 2)), self.dep.prompt_tokens) + self.step_seconds(b)
+
+    def capacity(self, floor: float = DEFAULT_FLOOR_TOKENS_PER_SECOND, limit: int = 256) -> dict:
+        """Highest concurrency (<= limit) whose predicted per-stream rate is >= floor (seed 003)."""
+        limit = max(0, int(limit))
+        pts = [SweepPoint(concurrency=b, per_stream_tokens_per_second=self.per_stream_rate(b),
+                          aggregate_tokens_per_second=self.aggregate_rate(b)) for b in range(1, limit + 1)]
+        cap = capacity_at_floor(pts, floor=floor)
+        cap = int(cap) if cap is not None else None
+        return {"floor_tokens_per_second": floor, "streams": cap, "limit": limit,
+                "aggregate_tokens_per_second": self.aggregate_rate(cap) if cap else None,
+                "per_stream_tokens_per_second": self.per_stream_rate(cap) if cap else None}
+
+    def curve(self, concurrencies, max_streams: int | None = None) -> list[dict]:
+        out = []
+        for b in concurrencies:
+            t = self.step_seconds(b)
+            out.append({
+                "concurrency": int(b),
+                "step_seconds": t,
+                "per_stream_tokens_per_second": 1.0 / t,
+                "aggregate_tokens_per_second": b / t,
+                "ttft_seconds": self.ttft_seconds(b),
+                "ttft_wave_median_seconds": self.ttft_wave_median_seconds(b),
+                "experts_touched_per_layer": self.experts_touched(b) if self.dep.arch.is_moe else None,
+                "fits_memory": None if max_streams is None else bool(b <= max_streams),
+            })
+        return out
+
+    def describe(self) -> dict:
+        a1, beta = self.alpha_beta_physical(1)
+        dep = self.dep
+        return {
+            "bandwidth_bytes_per_second": self.bandwidth,
+            "bandwidth_nominal_bytes_per_second": dep.hw.bandwidth_nominal,
+            "bandwidth_measured_bytes_per_second": dep.hw.bandwidth_measured,
+            "compute_dtype": self.compute_dtype,
+            "compute_flops_per_second": self.flops_rate,
+            "peak_flops_per_second": self.peak_flops,
+            "fixed_overhead_seconds": self.overhead,
+            "kernels_per_step": self.kernels,
+            "dense_weight_bytes_per_step": self.dense_bytes,
+            "bytes_per_expert": self.expert_bytes,
+            "moe_layers": self.moe_layers,
+            "kv_read_bytes_per_stream": self.kv_read,
+            "state_read_write_bytes_per_stream": self.state_rw,
+            "flops_per_token": self.flops_per_token,
+            "alpha_at_1_seconds": a1,
+            "beta_physical_seconds": beta,
+        }

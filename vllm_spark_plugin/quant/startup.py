@@ -1,0 +1,26 @@
+"""Once-per-process start-up work of the NVFP4 config (runs where the model is built)."""
+from __future__ import annotations
+
+import logging
+import threading
+
+log = logging.getLogger("vllm_spark_plugin")
+_lock = threading.Lock()
+_done = False
+
+
+def once_per_process(quant_config) -> None:
+    """The unified-memory guard, before any weight is loaded.  Never raises."""
+    global _done
+    with _lock:
+        if _done:
+            return
+        _done = True
+    try:
+        from vllm_spark_plugin import _vllm, settings
+        from vllm_spark_plugin.quant import memory_guard
+
+        if settings.load().memory_guard:
+            memory_guard.check_at_startup(_vllm.current_vllm_config())
+    except Exception as exc:  # a guard must not stop the model from loading
+        log.warning("vllm-spark-plugin: unified-memory guard skipped: %r", exc)
