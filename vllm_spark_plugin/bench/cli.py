@@ -18,7 +18,7 @@ from pathlib import Path
 from .. import __version__
 from .client import OpenAIStreamClient, Timeouts, normalize_endpoint
 from .progress import Progress
-from .scenarios import ScenarioError
+from . import scenarios as S
 from .results import CSV_COLUMNS, CSV_NAME, META_NAME, CsvWriter, RunRecord, write_json
 from .server_info import PreflightError, ServerInfo, collect, preflight, tokenize
 from .sweep import DEFAULT_LEVELS, EndpointTarget, ServerGone, SweepConfig, SweepRunner, now_iso
@@ -82,7 +82,6 @@ def run_async(coro, loop: str = "auto"):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.formatter_class = argparse.ArgumentDefaultsHelpFormatter
     t = parser.add_argument_group("target")
     t.add_argument("--endpoint", action="append", metavar="URL",
                    help="OpenAI-compatible server root (http://host:8000); repeat for a fleet "
@@ -94,29 +93,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="curve label per endpoint (default: the model name, plus host:port for a fleet)")
     t.add_argument("--api", choices=("chat", "completions"), default="chat",
                    help="chat: /v1/chat/completions; completions: /v1/completions (random prompts are exact "
-                        "token-id lists there)")
+                        "token-id lists there) (default: %(default)s)")
     t.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),
                    help="bearer token (default: $OPENAI_API_KEY)")
 
     w = parser.add_argument_group("load")
     w.add_argument("--mode", choices=("waves", "closed-loop"), default="waves",
-                   help="waves: synchronized waves of N streams (seed 003); closed-loop: keep N in flight")
+                   help="waves: synchronized waves of N streams (seed 003); closed-loop: keep N in flight "
+                        "(default: %(default)s)")
     w.add_argument("--levels", type=_int_list, default=DEFAULT_LEVELS, metavar="N,N,...",
-                   help="concurrency levels")
-    w.add_argument("--trials", type=_positive(int), default=3, help="measured trials per level (seed: 1-5)")
+                   help="concurrency levels (default: 1,2,4,8,16,32,64)")
+    w.add_argument("--trials", type=_positive(int), default=3, help="measured trials per level (seed: 1-5; default: %(default)s)")
     w.add_argument("--no-warmup", dest="warmup", action="store_false", help="skip the warm-up wave per level")
     w.add_argument("--requests", type=_positive(int), default=None,
                    help="closed loop: requests per trial (default 4 x concurrency)")
     w.add_argument("--duration", type=_positive(float), default=None,
                    help="closed loop: seconds per trial (new requests stop after it; in-flight ones finish)")
     w.add_argument("--workload", default="code,prose", metavar="W[,W]",
-                   help=f"workloads, comma-separated, from {', '.join(WORKLOAD_NAMES)}")
+                   help=f"workloads, comma-separated, from {', '.join(WORKLOAD_NAMES)} (default: %(default)s)")
     w.add_argument("--output-tokens", type=_positive(int), default=None,
                    help="requested output tokens for every workload (default: code 1000, prose 500, random 256)")
     w.add_argument("--temperature", type=float, default=None,
                    help="temperature for every workload (default: code 0, prose 0.7, random 0)")
     w.add_argument("--random-input-len", type=_positive(int), default=256,
-                   help="prompt tokens of the random workload")
+                   help="prompt tokens of the random workload (default: %(default)s)")
     w.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
                    help="do not send ignore_eos (outputs may then end short; they are flagged)")
     w.add_argument("--include-short", action="store_true",
@@ -129,7 +129,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     a = parser.add_argument_group("analysis")
     a.add_argument("--floor", type=_float_list, default=(20.0,), metavar="TPS[,TPS]",
-                   help="per-stream decode-rate floors for capacity (seed 003: 20 tok/s)")
+                   help="per-stream decode-rate floors for capacity, tok/s (default: 20, seed 003)")
     a.add_argument("--ttft-slo", type=_positive(float), default=None, metavar="SECONDS",
                    help="also bound the fitted capacity by median TTFT (knee fit only)")
 
@@ -137,33 +137,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--scenario", action="append", choices=SCENARIOS,
                    help="what to run (repeatable; default: sweep)")
     s.add_argument("--scenario-streams", type=_positive(int), default=8,
-                   help="prefill-interference: decode streams running when the long prompt arrives")
+                   help="prefill-interference: decode streams running when the long prompt arrives "
+                        "(default: %(default)s)")
     s.add_argument("--scenario-workload", choices=("code", "prose"), default="prose",
-                   help="prefill-interference: prompts of the decode streams")
+                   help="prefill-interference: prompts of the decode streams (default: %(default)s)")
     s.add_argument("--long-prompt-tokens", type=_positive(int), default=32000,
-                   help="long prompt / document length in tokens (shortened to fit max_model_len)")
+                   help="long prompt / document length in tokens, shortened to fit max_model_len "
+                        "(default: %(default)s)")
     s.add_argument("--probe-interval", type=_positive(float), default=0.5,
-                   help="prefill-interference: seconds between short probe requests during the prefill")
+                   help="prefill-interference: seconds between short probe requests during the prefill "
+                        "(default: %(default)s)")
     s.add_argument("--baseline-seconds", type=_positive(float), default=3.0,
-                   help="prefill-interference: decode time measured before the long prompt")
+                   help="prefill-interference: decode seconds measured before the long prompt "
+                        "(default: %(default)s)")
     s.add_argument("--tail-seconds", type=_positive(float), default=3.0,
-                   help="prefill-interference: decode time kept after the long prompt")
+                   help="prefill-interference: decode seconds kept after the long prompt (default: %(default)s)")
     s.add_argument("--dip-threshold", type=_positive(float), default=0.5,
-                   help="prefill-interference: the dip is where the rate is below this fraction of baseline")
+                   help="prefill-interference: the dip is where the rate is below this fraction of the "
+                        "baseline (default: %(default)s)")
     s.add_argument("--reuse-repeats", type=_positive(int), default=3,
-                   help="prefix-reuse: documents, each sent twice (cold, cached)")
+                   help="prefix-reuse: documents, each sent twice: cold, then cached (default: %(default)s)")
 
     o = parser.add_argument_group("timeouts and output")
     o.add_argument("--connect-timeout", type=_positive(float), default=5.0,
-                   help="seconds for preflight and TCP connects")
+                   help="seconds for preflight and TCP connects (default: %(default)s)")
     o.add_argument("--read-timeout", type=_positive(float), default=120.0,
-                   help="longest silence (s) allowed within a stream")
-    o.add_argument("--request-timeout", type=_positive(float), default=3600.0, help="seconds per request")
+                   help="longest silence (s) allowed within a request (default: %(default)s)")
+    o.add_argument("--request-timeout", type=_positive(float), default=3600.0, help="seconds per request (default: %(default)s)")
     o.add_argument("--out", type=Path, default=None,
                    help="output folder (default runs/bench-YYYYmmdd-HHMMSS)")
     o.add_argument("--quiet", action="store_true", help="no progress output")
     o.add_argument("--event-loop", choices=("auto", "asyncio", "uvloop"), default="auto",
-                   help="client event loop (auto: uvloop when installed)")
+                   help="client event loop (default auto: uvloop when installed)")
 
 
 def _targets_spec(args) -> list[tuple[str, str | None, str | None]]:
@@ -235,7 +240,6 @@ async def _prepare(args, specs, need_token_pool: bool, run_id: str) -> list[Endp
 
 
 async def _run_all(args, targets, workloads, scenarios, record: RunRecord, runner: SweepRunner) -> None:
-    from . import scenarios as S
     if "sweep" in scenarios:
         for target in targets:
             await runner.run_target(target, workloads)
@@ -313,7 +317,7 @@ def run(args) -> int:
         record.status = "failed"
         record.message = f"{exc}; {len(record.points)} completed point(s) kept"
         code = EXIT_SERVER_FAILED
-    except ScenarioError as exc:
+    except S.ScenarioError as exc:
         record.status = "failed"
         record.message = str(exc)
         code = EXIT_SERVER_FAILED

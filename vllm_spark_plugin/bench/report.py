@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import base64
 import html
-from dataclasses import asdict
 from pathlib import Path
 
-from ..knee.result import floor_key
 from .analysis import CurveAnalysis, analyze, capacity_profile, fleet_capacity, fleet_statement
 from .results import CSV_NAME, META_NAME, RunRecord, write_json
 
@@ -79,7 +77,8 @@ def write_reports(record: RunRecord, floors: tuple[float, ...], ttft_slo: float 
         "capacity_statements": statements,
         "curves": [{"label": a.key.label, "workload": a.key.workload, "endpoint": a.key.endpoint,
                     "model": a.key.model, "capacity": a.capacity, "knee": a.knee,
-                    "statement": a.statement(), "points": [r.to_json() for r in a.rows]}
+                    "statement": a.statement(), "points": [r.to_json() for r in a.rows],
+                    "trials": [r.to_json() for r in record.trials if r.key == a.key]}
                    for a in curves],
         "fleet": fleet,
         "scenarios": {k: _without_timeline(v) for k, v in record.scenarios.items()},
@@ -256,7 +255,3 @@ def render_html(record: RunRecord, curves: list[CurveAnalysis], summary: dict, p
 <p class="meta">Files: {html.escape(', '.join(sorted(set(summary['files'].values()))))}</p>
 </body></html>
 """
-
-
-def floor_keys(floors: tuple[float, ...]) -> list[str]:
-    return [floor_key(f) for f in floors]

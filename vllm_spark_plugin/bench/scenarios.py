@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import statistics
 import time
 from dataclasses import dataclass
 
@@ -70,7 +69,7 @@ def rate_timeline(chunk_lists: list[list[float]], t0: float, start: float, end: 
                 if gap > 0:
                     vals.append(1.0 / gap)
         ts.append(round(t, 6))
-        rates.append(statistics.median(vals) if vals else None)
+        rates.append(median(vals))
     return ts, rates
 
 

@@ -120,6 +120,7 @@ class Exporter:
         self._hw = None
         self._hw_leader = None
         self.total_blocks: int | None = None
+        self._profile_mtime: float | None = None
 
     # -- engines ----------------------------------------------------------------------------------
     def new_estimator(self):
@@ -152,6 +153,19 @@ class Exporter:
     # -- static series ----------------------------------------------------------------------------
     def set_info(self, vllm_version: str, device: str, moe_backend: str) -> None:
         self.ins.info.labels(__version__, vllm_version, device, moe_backend or "none", self.model).set(1)
+
+    def watch_profile(self) -> None:
+        """(Re)load the offline profile when its file appears or changes (a sweep can rewrite it)."""
+        path = self.settings.profile
+        if not path:
+            return
+        try:
+            mtime = os.stat(path).st_mtime
+        except FileNotFoundError:
+            return  # not written yet
+        if mtime != self._profile_mtime:
+            self._profile_mtime = mtime
+            self.load_profile(path)
 
     def load_profile(self, path: str) -> bool:
         """Offline capacity profile (written by `vllm-spark bench`) shown beside the live knee."""
@@ -190,6 +204,10 @@ class Exporter:
                 self.sample_hardware()
             except Exception as exc:
                 errors.report("hardware", exc)
+            try:
+                self.watch_profile()
+            except Exception as exc:
+                errors.report("profile", exc)
             now = time.monotonic()
             if now >= next_knee:
                 next_knee = now + self.settings.knee_refit_seconds

@@ -27,8 +27,6 @@ class SparkStatLogger(_vllm.stat_logger_base()):
             self.exporter.set_total_blocks(_vllm.num_gpu_blocks(vllm_config))
             self.exporter.engine(engine_index)
             self.exporter.set_info(_vllm.vllm_version(), _vllm.device_name(), plugin.moe_backend_label())
-            if plugin.settings().profile:
-                self.exporter.load_profile(plugin.settings().profile)
             self.exporter.start_background()
             plugin.start_otel_bridge()
             log.info("vllm-spark-plugin: stat logger active in the API server (engine %d, pid %d, "
