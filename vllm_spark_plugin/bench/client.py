@@ -1,8 +1,12 @@
 """Streaming client for OpenAI-compatible completions and chat endpoints.
 
-Timing follows the seed definitions: every SSE chunk that carries text is a token arrival; the first
-and last such chunks give the first- and last-token times; the token count comes from the server's
-`usage` (requested with `stream_options: {include_usage: true}`).  Per chunk the client does the
+Timing follows the seed definitions: every SSE chunk that carries generated output is a token
+arrival, and the first and last such chunks give the first- and last-token times; the token count
+comes from the server's `usage` (requested with `stream_options: {include_usage: true}`).  A chunk
+carries output when it has text, or when it is an empty-text chunk in mid-stream (vLLM sends one per
+token whose text the detokenizer holds back, e.g. part of a multi-byte character).  Not counted: the
+chat role announcement (`delta: {role: assistant, content: ""}`) and an empty closing chunk that
+only carries `finish_reason` after output has arrived.  Per chunk the client does the
 minimum (one `json.loads`, two comparisons), so that the client is never the bottleneck it measures.
 """
 from __future__ import annotations
@@ -211,16 +215,17 @@ class OpenAIStreamClient:
                             i = payload.find(key)
                             if (i >= 0 and b'"usage":{' not in payload and b'"error"' not in payload
                                     and b'"reasoning' not in payload):
-                                if payload[i + klen] != 34:  # not an empty string: text arrived
+                                has_text = payload[i + klen] != 34  # not an empty string
+                                j = payload.find(b'"finish_reason":"')
+                                if j >= 0:
+                                    finish = payload[j + 17:payload.index(b'"', j + 17)].decode()
+                                if has_text or (first is None or j < 0) and not (chat and b'"role"' in payload):
                                     chunks += 1
                                     if first is None:
                                         first = now
                                     last = now
                                     if times is not None:
                                         times.append(now)
-                                j = payload.find(b'"finish_reason":"')
-                                if j >= 0:
-                                    finish = payload[j + 17:payload.index(b'"', j + 17)].decode()
                                 continue
                             if payload == b"[DONE]":
                                 done = True
@@ -232,17 +237,18 @@ class OpenAIStreamClient:
                                 if chat:
                                     d = c.get("delta") or {}
                                     text = d.get("content") or d.get("reasoning_content") or d.get("reasoning")
+                                    announce = "role" in d
                                 else:
-                                    text = c.get("text")
-                                if text:
+                                    text, announce = c.get("text"), False
+                                if c.get("finish_reason"):
+                                    finish = c["finish_reason"]
+                                if text or (first is None or not c.get("finish_reason")) and not announce:
                                     chunks += 1
                                     if first is None:
                                         first = now
                                     last = now
                                     if times is not None:
                                         times.append(now)
-                                if c.get("finish_reason"):
-                                    finish = c["finish_reason"]
                             if obj.get("usage"):
                                 usage = obj["usage"]
                             if "error" in obj and not choices:

@@ -9,14 +9,16 @@
 
 Dip definition: at each instant t the instantaneous rate of a stream is 1 / (the inter-token gap
 that contains t); the fleet rate r(t) is the median over streams.  The baseline is the median of
-r(t) before the long prompt is sent; the dip is the stretch after it where r(t) stays below
-`threshold` x baseline (default 0.5).  Depth = the lowest r(t) in the dip (and as a fraction of the
-baseline); duration = from the first to the last instant below the threshold.
+r(t) before the long prompt is sent; the dip is the stretch after it where r(t) is below
+`threshold` x baseline (default 0.5), from the first to the last such instant before the long
+prompt's first token (plus a few decode steps: the held-up streams' next token).  Depth = the
+lowest r(t) in the dip (and as a fraction of the baseline); duration = the length of that stretch.
 """
 from __future__ import annotations
 
 import asyncio
 import bisect
+import math
 import time
 from dataclasses import dataclass
 
@@ -74,8 +76,12 @@ def rate_timeline(chunk_lists: list[list[float]], t0: float, start: float, end: 
 
 
 def find_dip(ts: list[float], rates: list[float | None], baseline: float, threshold: float,
-             step: float, chunk_lists: list[list[float]], t0: float) -> dict:
-    below = [t for t, r in zip(ts, rates) if t >= 0 and r is not None and r < threshold * baseline]
+             step: float, chunk_lists: list[list[float]], t0: float, until: float | None = None) -> dict:
+    """The dip after t=0 (the long prompt sent), searched up to `until` (seconds after t0): later
+    slow spells are not the long prompt's doing."""
+    end_t = math.inf if until is None else until
+    below = [t for t, r in zip(ts, rates)
+             if 0 <= t <= end_t and r is not None and r < threshold * baseline]
     if not below:
         return {"detected": False}
     start, end = below[0], below[-1] + step
@@ -145,7 +151,11 @@ async def prefill_interference(client: OpenAIStreamClient, prompts: PromptFactor
     ts, rates = rate_timeline(chunk_lists, t0, start, end, step)
     base_vals = [r for t, r in zip(ts, rates) if t < 0 and r is not None]
     baseline = median(base_vals)
-    dip = (find_dip(ts, rates, baseline, cfg.threshold, step, chunk_lists, t0) if baseline
+    # The long prompt's prefill ends with its first token; the streams it held up get their next
+    # token within a few steps of that.
+    ttft = long_res.timing.ttft if long_res.timing.ttft is not None else t_long_done
+    until = ttft + max(0.25, 5 * (median(gaps) or 0.05))
+    dip = (find_dip(ts, rates, baseline, cfg.threshold, step, chunk_lists, t0, until) if baseline
            else {"detected": False})
     probe_rows = [{"sent_s": sent, "ttft_s": r.timing.ttft, "error": r.timing.error,
                    "during_prefill": long_res.timing.first_token is None

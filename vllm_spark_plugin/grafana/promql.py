@@ -1,9 +1,9 @@
 """PromQL building blocks shared by the dashboards and the rules, so both read the same series.
 
 Metric names come from the public contract (`vllm_spark_plugin.metrics.names`).  vLLM's own series
-are matched as `{__name__=~"vllm[:_]NAME"}`: prometheus-client >= 0.23 scraped by Prometheus 2.x
-stores `vllm:num_requests_waiting` as `vllm_num_requests_waiting` (checked against Prometheus 2.42 and
-prometheus-client 0.26), while Prometheus 3 with UTF-8 names keeps the colon.
+are matched as `{__name__=~"vllm[:_]NAME"}`: whether the colon survives the scrape depends on the
+exposition and the scraper (Prometheus 2.42 stored vLLM 0.32's `vllm:num_requests_running` with its
+colon, but `vllm_...` for the same name served by a bare prometheus-client 0.26 HTTP server).
 """
 from __future__ import annotations
 

@@ -1,0 +1,55 @@
+"""The online knee on a real CPU server: after a load ramp the live gauges are finite and agree
+with the knee fitted offline from a sweep of the same server."""
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import pytest
+
+from load import run_streams
+from scrape import scrape, value
+from vllm_spark_plugin import cli
+
+pytestmark = pytest.mark.server
+P = "vllm_spark_"
+
+
+@pytest.fixture(scope="module")
+def ramp(vllm_server):
+    for c in (1, 2, 4, 8, 16, 32):
+        run_streams(vllm_server.base_url, vllm_server.model, c, max_tokens=256, prompt_prefix=f"ramp{c}")
+    time.sleep(3.0)  # one refit interval (2 s) after the ramp
+    return scrape(vllm_server.metrics_url)
+
+
+def test_live_knee_gauges_are_finite_with_fit_quality(ramp):
+    for name in ("knee_batch_size", "max_throughput_tokens_per_second", "step_alpha_seconds", "step_beta_seconds"):
+        v = value(ramp, P + name)
+        assert math.isfinite(v) and v > 0, name
+    assert 0 < value(ramp, P + "knee_fit_r2") <= 1
+    assert value(ramp, P + "knee_fit_samples") >= 100
+    verdicts = {dict(lab)["verdict"]: v for (n, lab), v in ramp.items() if n == P + "knee_verdict"}
+    assert sum(verdicts.values()) == 1
+    assert verdicts.get("ok") == 1 or verdicts.get("no knee in the measured range") == 1, verdicts
+    cap = [v for (n, lab), v in ramp.items() if n == P + "capacity_streams" and dict(lab)["floor"] == "20"]
+    assert cap and cap[0] >= 1
+    assert all(math.isfinite(v) for (n, _), v in ramp.items() if n.startswith(P))
+
+
+def test_live_knee_agrees_with_sweep_knee(ramp, vllm_server, tmp_path, capsys):
+    live = value(ramp, P + "knee_batch_size")
+    out = tmp_path / "sweep"
+    rc = cli.main(["bench", "--endpoint", vllm_server.base_url, "--model", vllm_server.model, "--api", "completions",
+                   "--levels", "1,2,4,8,16,32", "--trials", "1", "--workload", "random", "--random-input-len", "16",
+                   "--output-tokens", "256", "--out", str(out), "--quiet"])
+    assert rc == 0
+    capsys.readouterr()
+    assert cli.main(["knee", str(out / "sweep.csv"), "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    if "knee" not in res:  # {label: result} when several curves
+        res = next(iter(res.values()))
+    offline = res["knee"]
+    assert offline and math.isfinite(offline)
+    assert abs(live - offline) / offline <= 0.30, f"live K {live:.1f} vs sweep K {offline:.1f}"
