@@ -14,6 +14,8 @@ command -v amtool >/dev/null || need_apt+=(prometheus-alertmanager)
 command -v chromium-headless-shell >/dev/null || [ -x /usr/lib/chromium/headless_shell ] || need_apt+=(chromium-headless-shell)
 command -v npm >/dev/null || need_apt+=(nodejs npm)
 command -v systemd-analyze >/dev/null || need_apt+=(systemd)
+command -v docker-compose >/dev/null || need_apt+=(docker-compose)
+command -v unshare >/dev/null || need_apt+=(util-linux)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]} (apt)"
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo

@@ -210,11 +210,13 @@ def test_fleet_central_scrape_config_scrapes_every_node(tmp_path, two_exporters)
     cfg = _container_layout(tmp_path / "central", DEPLOY / "fleet" / "prometheus" / "central-scrape.yml", {"vllm.json": targets})
     with PrometheusProcess(config_file=cfg) as prom:
         prom.wait_for('count(up{job="vllm"} == 1) == 2', timeout=60)
-        prom.wait_for("job:vllm_spark_capacity_streams:sum", timeout=60)
         groups = {g["name"] for g in prom.rule_groups()}
         assert {"vllm_spark_instance", "vllm_spark_slo", "vllm_spark_fleet", "vllm_spark_slo_alerts"} <= groups, groups
-        res = prom.query('job:vllm_spark_capacity_streams:sum{floor="20"}')
-        assert [float(s["value"][1]) for s in res] == [24.0]
+        # both nodes' gauges (10 + 14) once a rule evaluation has seen both scrapes
+        res = prom.wait_for('job:vllm_spark_capacity_streams:sum{floor="20"}', timeout=60,
+                            predicate=lambda r: [float(s["value"][1]) for s in r] == [24.0])
+        assert res[0]["metric"] == {"__name__": "job:vllm_spark_capacity_streams:sum", "job": "vllm",
+                                    "model_name": "m", "floor": "20"}
 
 
 def test_fleet_federation_keeps_job_and_names_instances_by_spark(tmp_path, two_exporters):
@@ -243,8 +245,8 @@ def test_fleet_federation_keeps_job_and_names_instances_by_spark(tmp_path, two_e
             res = central.wait_for('vllm_spark_capacity_streams{job="vllm"}', timeout=90, predicate=lambda r: len(r) == 2)
             assert sorted(s["metric"]["instance"] for s in res) == ["spark-1", "spark-2"]
             assert central.wait_for('count(up{job="vllm"} == 1) == 2', timeout=30)
-            total = central.wait_for('job:vllm_spark_capacity_streams:sum{floor="20"}', timeout=60)
-            assert float(total[0]["value"][1]) == 24.0
+            central.wait_for('job:vllm_spark_capacity_streams:sum{floor="20"}', timeout=60,
+                             predicate=lambda r: [float(s["value"][1]) for s in r] == [24.0])
     finally:
         for n in nodes:
             n.stop()

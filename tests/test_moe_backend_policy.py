@@ -224,7 +224,55 @@ def test_startup_on_this_cpu_records_reference(tmp_path, monkeypatch):
 
 
 def test_ensure_state_path_sets_inheritable_env(monkeypatch):
-    monkeypatch.delenv(policy.STATE_ENV, raising=False)
+    monkeypatch.setenv(policy.STATE_ENV, "")  # recorded, so teardown restores the original state
+    monkeypatch.delenv(policy.STATE_ENV)
     p = policy.ensure_state_path()
     assert os.environ[policy.STATE_ENV] == str(p)
     assert policy.ensure_state_path() == p
+
+
+def test_no_self_check_keeps_preference_order():
+    d = policy.decide((12, 1), dict(ALL_AVAILABLE, marlin="not built for sm_121"), None)
+    assert d.backend == "flashinfer_cutlass" and "self-check skipped" in d.candidates["flashinfer_cutlass"]
+
+
+class _Parallel:
+    def __init__(self, tp):
+        self.tp_size, self.dp_size, self.use_ep = tp, 1, False
+
+
+class _MoeConfig:
+    def __init__(self, tp=1, backend="auto"):
+        self.moe_backend = backend
+        self.moe_parallel_config = _Parallel(tp)
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_startup_glue_on_a_simulated_gb10(monkeypatch, tmp_path, tp):
+    """The start-up glue with the device and the kernels faked at their seams (`_vllm.has_cuda`,
+    `device_capability`, backend availability, `nvfp4_moe_runner`); the self-check and vLLM's
+    reference dequantiser run for real."""
+    monkeypatch.setenv(policy.STATE_ENV, str(tmp_path / "s.json"))
+    monkeypatch.setenv("SPARK_PLUGIN_MOE_BACKEND", "")
+    monkeypatch.setattr(_vllm, "has_cuda", lambda: True)
+    monkeypatch.setattr(_vllm, "device_capability", lambda: (12, 1))
+    monkeypatch.setattr(_vllm, "nvfp4_moe_backend_availability", lambda cfg, a16, names: dict(ALL_AVAILABLE))
+    built = []
+
+    def runner(name, moe_config, quant_config):
+        built.append(name)
+        return swapped_nibbles if name == "marlin" else (correct_w4a4 if name in policy.W4A4_BACKENDS else correct_w4a16)
+
+    monkeypatch.setattr(_vllm, "nvfp4_moe_runner", runner)
+    startup.reset()
+    try:
+        d = startup.decide_once(_MoeConfig(tp), type("Q", (), {"quant_method": "NVFP4"})())
+    finally:
+        startup.reset()
+    if tp == 1:
+        assert d.backend == "flashinfer_cutlass" and built == ["marlin", "flashinfer_cutlass"]
+        assert d.candidates["marlin"].startswith("failed: cosine")
+    else:
+        assert d.backend == "marlin" and built == [] and "self-check skipped" in d.candidates["marlin"]
+    vllm_choice = policy.decide((12, 1), ALL_AVAILABLE, None, vllm_backend="cutlass")
+    assert vllm_choice.backend == "cutlass"

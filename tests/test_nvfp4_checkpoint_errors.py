@@ -51,6 +51,12 @@ def _nan(t, _):
     t[f"{EXPERT}.weight_scale_2"] = torch.tensor(float("nan"))
 
 
+def _nan_block(t, _):
+    raw = t[f"{QPROJ}.weight_scale"].view(torch.uint8).clone()
+    raw[3, 1] = 0x7F  # an E4M3 NaN
+    t[f"{QPROJ}.weight_scale"] = raw.view(torch.float8_e4m3fn)
+
+
 def _inf(t, _):
     t[f"{QPROJ}.input_scale"] = torch.tensor(float("inf"))
 
@@ -75,6 +81,7 @@ CASES = [
     (_missing, rf"missing tensor {EXPERT}\.weight_scale \(module {EXPERT} has {EXPERT}\.weight in model\.safetensors\)"),
     (_shape, rf"shape mismatch: {QPROJ}\.weight_scale in model\.safetensors is \[256, 7\], but {QPROJ}\.weight \[256, 64\] needs \[256, 8\]"),
     (_nan, rf"NaN scale: {EXPERT}\.weight_scale_2 in model\.safetensors"),
+    (_nan_block, rf"NaN scale: {QPROJ}\.weight_scale in model\.safetensors at block \[3, 1\]"),
     (_inf, rf"inf scale: {QPROJ}\.input_scale in model\.safetensors"),
     (_zero, rf"zero scale: {EXPERT}\.weight_scale_2 in model\.safetensors"),
     (_group32, r"group size 32: model\.layers\.0\.mlp\.experts\.0\.down_proj\.weight_scale in model\.safetensors is \[128, 2\]"),

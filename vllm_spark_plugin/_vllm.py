@@ -646,8 +646,7 @@ def nvfp4_moe_runner(backend: str, moe_config, quant_config):
 
     from vllm.model_executor.layers.quantization.modelopt import ModelOptNvFp4FusedMoE
 
-    pc = moe_config.moe_parallel_config
-    if getattr(pc, "tp_size", 1) != 1 or getattr(pc, "use_ep", False) or getattr(pc, "dp_size", 1) != 1:
+    if moe_is_parallel(moe_config):
         raise NotImplementedError("the self-check runs only without tensor/expert/data parallelism")
 
     def run(problem):
@@ -682,6 +681,13 @@ def nvfp4_moe_runner(backend: str, moe_config, quant_config):
         return out[:, :h].float().cpu()
 
     return run
+
+
+def moe_is_parallel(moe_config) -> bool:
+    """True when the MoE layer is sharded (tensor, expert or data parallel)."""
+    pc = getattr(moe_config, "moe_parallel_config", None)
+    return (getattr(pc, "tp_size", 1) != 1 or bool(getattr(pc, "use_ep", False))
+            or getattr(pc, "dp_size", 1) != 1)
 
 
 def _no_loader(*args, **kwargs):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import aiohttp
 
@@ -33,11 +33,27 @@ class StreamResult:
     finish_reason: str | None = None
     cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens, when reported
     usage_reported: bool = True
-    extra: dict = field(default_factory=dict)
+    arrivals: int = 0  # distinct reads that delivered tokens
 
     @property
     def ok(self) -> bool:
         return self.timing.error is None
+
+    @property
+    def bunched(self) -> bool:
+        """Delivered in a few bursts (the server held its output back, e.g. a CPU-starved API
+        server): first/last token times then say nothing about the decode rate."""
+        return is_bunched(self.timing.output_tokens, self.arrivals)
+
+
+BUNCHED_MIN_TOKENS = 20
+BUNCHED_ARRIVAL_FRACTION = 0.10
+
+
+def is_bunched(output_tokens: int, arrivals: int) -> bool:
+    """At least 20 tokens arrived in fewer than 10% as many distinct reads.  (Speculative decoding
+    delivers a few tokens per chunk; a stream in 2-3 bursts is something else.)"""
+    return output_tokens >= BUNCHED_MIN_TOKENS and arrivals < BUNCHED_ARRIVAL_FRACTION * output_tokens
 
 
 @dataclass(frozen=True)
@@ -178,7 +194,7 @@ class OpenAIStreamClient:
         klen = len(key)
         times = chunk_times
         first = last = None
-        chunks = 0
+        chunks = reads = 0  # token-carrying chunks, and the distinct reads that delivered them
         usage: dict | None = None
         finish = None
         error = None
@@ -215,44 +231,42 @@ class OpenAIStreamClient:
                             i = payload.find(key)
                             if (i >= 0 and b'"usage":{' not in payload and b'"error"' not in payload
                                     and b'"reasoning' not in payload):
-                                has_text = payload[i + klen] != 34  # not an empty string
                                 j = payload.find(b'"finish_reason":"')
                                 if j >= 0:
                                     finish = payload[j + 17:payload.index(b'"', j + 17)].decode()
-                                if has_text or (first is None or j < 0) and not (chat and b'"role"' in payload):
-                                    chunks += 1
-                                    if first is None:
-                                        first = now
-                                    last = now
-                                    if times is not None:
-                                        times.append(now)
-                                continue
-                            if payload == b"[DONE]":
+                                arrived = (payload[i + klen] != 34  # text is not an empty string
+                                           or (first is None or j < 0) and not (chat and b'"role"' in payload))
+                            elif payload == b"[DONE]":
                                 done = True
                                 continue
-                            obj = json.loads(payload)
-                            choices = obj.get("choices")
-                            if choices:
-                                c = choices[0]
-                                if chat:
-                                    d = c.get("delta") or {}
-                                    text = d.get("content") or d.get("reasoning_content") or d.get("reasoning")
-                                    announce = "role" in d
-                                else:
-                                    text, announce = c.get("text"), False
-                                if c.get("finish_reason"):
-                                    finish = c["finish_reason"]
-                                if text or (first is None or not c.get("finish_reason")) and not announce:
-                                    chunks += 1
-                                    if first is None:
-                                        first = now
-                                    last = now
-                                    if times is not None:
-                                        times.append(now)
-                            if obj.get("usage"):
-                                usage = obj["usage"]
-                            if "error" in obj and not choices:
-                                error = f"server error in stream: {_error_message(json.dumps(obj['error']))}"
+                            else:
+                                arrived = False
+                                obj = json.loads(payload)
+                                choices = obj.get("choices")
+                                if choices:
+                                    c = choices[0]
+                                    if chat:
+                                        d = c.get("delta") or {}
+                                        text = d.get("content") or d.get("reasoning_content") or d.get("reasoning")
+                                        announce = "role" in d
+                                    else:
+                                        text, announce = c.get("text"), False
+                                    if c.get("finish_reason"):
+                                        finish = c["finish_reason"]
+                                    arrived = bool(text) or (first is None or not c.get("finish_reason")) and not announce
+                                if obj.get("usage"):
+                                    usage = obj["usage"]
+                                if "error" in obj and not choices:
+                                    error = f"server error in stream: {_error_message(json.dumps(obj['error']))}"
+                            if arrived:
+                                chunks += 1
+                                if last != now:
+                                    reads += 1
+                                if first is None:
+                                    first = now
+                                last = now
+                                if times is not None:
+                                    times.append(now)
                     if error is None and not done and finish is None:
                         error = f"stream ended early after {chunks} chunks (no finish_reason, no [DONE])"
         except asyncio.CancelledError:
@@ -275,7 +289,7 @@ class OpenAIStreamClient:
         timing = StreamTiming(output_tokens=out_tokens, start=start, first_token=first, last_token=last,
                               prompt_tokens=prompt_tokens, requested_tokens=max_tokens, error=error)
         return StreamResult(timing=timing, chunk_times=times, finish_reason=finish, cached_tokens=cached,
-                            usage_reported=usage is not None)
+                            usage_reported=usage is not None, arrivals=reads)
 
 
 def _error_message(text: str) -> str:

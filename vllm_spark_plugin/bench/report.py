@@ -117,6 +117,8 @@ def _curve_section(a: CurveAnalysis) -> str:
         flag = []
         if m.short_streams:
             flag.append(f'<span class="warn">{m.short_streams} short</span>')
+        if m.bunched_streams:
+            flag.append(f'<span class="warn">{m.bunched_streams} bunched</span>')
         if m.errors:
             flag.append(f'<span class="warn">{m.errors} errors</span>')
         rows.append([str(r.concurrency), str(r.trial), _num(m.per_stream_median_tps), _num(m.per_stream_min_tps),
@@ -236,7 +238,8 @@ def render_html(record: RunRecord, curves: list[CurveAnalysis], summary: dict, p
         "Knee K = alpha/beta of the step-time fit t(b) = alpha + beta&middot;b.</li>"
         "<li>Streams that ended before the requested length are counted as <i>short</i> and "
         + ("included in" if record.config.get("include_short") else "left out of")
-        + " the per-stream rate statistics.</li></ul>")
+        + " the per-stream rate statistics. Streams the server delivered in a few bursts are counted as "
+        "<i>bunched</i> and left out of them.</li></ul>")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>vllm-spark bench {html.escape(record.run_id)}</title>
 <style>{CSS}</style></head><body>

@@ -21,7 +21,7 @@ META_NAME = "meta.json"
 
 CSV_COLUMNS = [
     "row_type", "run_id", "date", "label", "workload", "endpoint", "model", "mode", "api",
-    "concurrency", "trial", "requests", "completed", "errors", "short_streams",
+    "concurrency", "trial", "requests", "completed", "errors", "short_streams", "bunched_streams",
     "per_stream_median_tps", "per_stream_min_tps", "per_stream_p10_tps", "aggregate_tps", "output_tps",
     "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "output_tokens", "prompt_tokens",
     "requested_output_tokens", "temperature", "ignore_eos", "duration_s",
@@ -86,7 +86,8 @@ class Row:
                           trials=self.trial,
                           extra={"per_stream_min_tps": m.per_stream_min_tps,
                                  "per_stream_p10_tps": m.per_stream_p10_tps, "ttft_p90_s": m.ttft_p90_s,
-                                 "short_streams": m.short_streams, "errors": m.errors,
+                                 "short_streams": m.short_streams, "bunched_streams": m.bunched_streams,
+                                 "errors": m.errors,
                                  "requests": m.requests, "endpoint": self.key.endpoint,
                                  "model": self.key.model})
 

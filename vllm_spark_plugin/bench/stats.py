@@ -9,16 +9,23 @@ For a point (one concurrency level of one workload on one endpoint) made of seve
 * output-length validation: streams that ended before the requested length are counted in
   `short_streams` and, unless asked otherwise, left out of the per-stream rate statistics (they are
   shorter, hence faster, streams: averaging them in silently would flatter the point).  Aggregate
-  throughput counts every completed stream's tokens: it is work the server did.
+  throughput counts every completed stream's tokens: it is work the server did;
+* delivery validation: streams the server delivered in a few bursts (`bunched_streams`, see
+  `client.is_bunched`) carry no decode timing; they are counted and left out of the per-stream
+  rate statistics too.
 
-A trial row uses the same function with a single trial.
+A trial row uses the same function with a single trial.  Streams are `StreamTiming`s or the
+client's `StreamResult`s (which also know whether they arrived bunched).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Sequence, Union
 
 from ..definitions import StreamTiming, aggregate_throughput, median, median_of_medians, quantile
+from .client import StreamResult
+
+Stream = Union[StreamTiming, StreamResult]
 
 
 @dataclass
@@ -27,6 +34,7 @@ class Metrics:
     completed: int
     errors: int
     short_streams: int
+    bunched_streams: int
     per_stream_median_tps: float | None
     per_stream_min_tps: float | None
     per_stream_p10_tps: float | None
@@ -41,19 +49,29 @@ class Metrics:
     first_error: str | None = None
 
 
-def _rates(streams: Sequence[StreamTiming], include_short: bool) -> list[float]:
-    return [r for s in streams if s.error is None and (include_short or not s.short)
-            for r in (s.decode_rate,) if r is not None]
+def _timing(s: Stream) -> StreamTiming:
+    return s.timing if isinstance(s, StreamResult) else s
 
 
-def summarize(trials: Sequence[Sequence[StreamTiming]], durations: Sequence[float],
+def _bunched(s: Stream) -> bool:
+    return isinstance(s, StreamResult) and s.timing.error is None and s.bunched
+
+
+def _rates(streams: Sequence[Stream], include_short: bool) -> list[float]:
+    return [r for s in streams if not _bunched(s)
+            for t in (_timing(s),) if t.error is None and (include_short or not t.short)
+            for r in (t.decode_rate,) if r is not None]
+
+
+def summarize(trials: Sequence[Sequence[Stream]], durations: Sequence[float],
               include_short: bool = False) -> Metrics:
     """Metrics of one point (or one trial, with a single entry in `trials`)."""
-    all_streams = [s for t in trials for s in t]
+    timings = [[_timing(s) for s in t] for t in trials]
+    all_streams = [s for t in timings for s in t]
     ok = [s for s in all_streams if s.error is None]
     per_trial_rates = [_rates(t, include_short) for t in trials]
     pooled = [r for rates in per_trial_rates for r in rates]
-    aggregates = [a for a in (aggregate_throughput(t) for t in trials) if a is not None]
+    aggregates = [a for a in (aggregate_throughput(t) for t in timings) if a is not None]
     ttfts = [s.ttft for s in ok if s.ttft is not None]
     out_tokens = sum(s.output_tokens for s in ok)
     duration = float(sum(durations))
@@ -63,6 +81,7 @@ def summarize(trials: Sequence[Sequence[StreamTiming]], durations: Sequence[floa
         completed=len(ok),
         errors=len(errors),
         short_streams=sum(1 for s in ok if s.short),
+        bunched_streams=sum(1 for t in trials for s in t if _bunched(s)),
         per_stream_median_tps=median_of_medians(per_trial_rates),
         per_stream_min_tps=min(pooled) if pooled else None,
         per_stream_p10_tps=quantile(pooled, 0.10),

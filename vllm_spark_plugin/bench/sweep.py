@@ -155,16 +155,15 @@ class SweepRunner:
                 results, _ = await self._trial(client, target, workload, level)
             await self._check(target, [r.timing for r in results], f"{name} warm-up")
             self.progress.advance("warm-up done")
-        trials: list[list[StreamTiming]] = []
+        trials: list[list[StreamResult]] = []
         durations: list[float] = []
         for t in range(1, self.cfg.trials + 1):
             self.progress.start(f"{name} trial {t}/{self.cfg.trials}")
             results, duration = await self._trial(client, target, workload, level)
-            streams = [r.timing for r in results]
-            await self._check(target, streams, f"{name} trial {t}")
-            trials.append(streams)
+            await self._check(target, [r.timing for r in results], f"{name} trial {t}")
+            trials.append(results)
             durations.append(duration)
-            m = summarize([streams], [duration], self.cfg.include_short)
+            m = summarize([results], [duration], self.cfg.include_short)
             row = self._row("trial", key, target, workload, level, t, m)
             self.record.trials.append(row)
             self.csv.write(row)
@@ -173,6 +172,10 @@ class SweepRunner:
                           summarize(trials, durations, self.cfg.include_short))
         self.record.points.append(point)
         self.csv.write(point)
+        if point.metrics.bunched_streams:
+            self.progress.note(f"note: {name}: {point.metrics.bunched_streams} stream(s) arrived in a few bursts "
+                               f"(the server held output back; counted in bunched_streams, left out of the "
+                               f"per-stream rates)")
         if point.metrics.short_streams:
             how = ("included in the per-stream rates (--include-short)" if self.cfg.include_short
                    else "left out of the per-stream rates")
@@ -185,4 +188,5 @@ def _headline(m) -> str:
         return "n/a" if x is None else format(x, spec)
     return (f"per-stream {f(m.per_stream_median_tps, '.1f')} tok/s, aggregate {f(m.aggregate_tps, '.1f')} tok/s, "
             f"TTFT p50 {f(m.ttft_p50_s, '.3f')} s" + (f", {m.errors} errors" if m.errors else "")
-            + (f", {m.short_streams} short" if m.short_streams else ""))
+            + (f", {m.short_streams} short" if m.short_streams else "")
+            + (f", {m.bunched_streams} bunched" if m.bunched_streams else ""))

@@ -9,7 +9,6 @@ PREFIX = "vllm_spark_"
 STEP_BATCH_SIZE = PREFIX + "step_batch_size"                      # histogram, requests in the step
 STEP_TOKENS = PREFIX + "step_tokens"                              # histogram, label phase=prefill|decode
 STEP_DURATION = PREFIX + "step_duration_seconds"                  # histogram
-STEPS = PREFIX + "steps_total"                                    # counter (the step histogram count, named)
 KV_BLOCKS_USED = PREFIX + "kv_blocks_used"                        # gauge
 KV_BLOCKS_TOTAL = PREFIX + "kv_blocks_total"                      # gauge
 RUNNING = PREFIX + "running_requests"                             # gauge

@@ -112,12 +112,11 @@ def reference_output(problem: MoEProblem, w4a4: bool, dequant: Dequant = nvfp4.d
     the caller passes it); activations FP4-quantised when `w4a4`."""
     w13 = dequant(problem.w13, problem.w13_scale, problem.w13_scale_2, torch.float32)
     w2 = dequant(problem.w2, problem.w2_scale, problem.w2_scale_2, torch.float32)
-    act_quant = None
-    if w4a4:
-        def act_quant(t: torch.Tensor, e: int, which: str) -> torch.Tensor:
-            scale = (problem.a13_scale if which == "a13" else problem.a2_scale)[e]
-            return nvfp4.quant_dequant(t.to(torch.bfloat16), 1.0 / scale)
-    return moe_forward(problem.x, w13, w2, problem.topk_weights, problem.topk_ids, act_quant)
+    def act_quant(t: torch.Tensor, e: int, which: str) -> torch.Tensor:
+        scale = (problem.a13_scale if which == "a13" else problem.a2_scale)[e]
+        return nvfp4.quant_dequant(t.to(torch.bfloat16), 1.0 / scale)
+
+    return moe_forward(problem.x, w13, w2, problem.topk_weights, problem.topk_ids, act_quant if w4a4 else None)
 
 
 def reference_runner(problem: MoEProblem) -> torch.Tensor:
@@ -157,14 +156,17 @@ def check_runner(runner: Callable[[MoEProblem], torch.Tensor], w4a4: bool, probl
 def make_self_check(runner_for: Callable[[str], Callable[[MoEProblem], torch.Tensor]],
                     problem: MoEProblem | None = None,
                     dequant: Dequant = nvfp4.dequantize) -> Callable[[str], CheckResult]:
-    """`self_check(backend)` for `policy.decide`: builds the backend's runner and checks it."""
-    problem = problem or make_problem()
+    """`self_check(backend)` for `policy.decide`: builds the backend's runner and checks it.
+    The problem is built on the first check (never when no candidate needs checking)."""
+    state = {"problem": problem}
 
     def self_check(name: str) -> CheckResult:
         try:
             runner = runner_for(name)
         except Exception as exc:
             return CheckResult(False, f"cannot build: {type(exc).__name__}: {exc}")
-        return check_runner(runner, name in W4A4_BACKENDS, problem, dequant)
+        if state["problem"] is None:
+            state["problem"] = make_problem()
+        return check_runner(runner, name in W4A4_BACKENDS, state["problem"], dequant)
 
     return self_check

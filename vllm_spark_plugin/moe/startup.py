@@ -39,6 +39,10 @@ def _decide(moe_config, quant_config) -> policy.Decision:
     except Exception as exc:
         log.warning("vllm-spark-plugin: cannot enumerate NVFP4 MoE backends (%r): vLLM decides", exc)
         return policy.Decision(policy.AUTO, f"backend enumeration failed: {exc!r}", "vllm-auto")
+    if _vllm.moe_is_parallel(moe_config):
+        # The small self-check problem cannot stand in for a sharded layer: keep the measured
+        # preference order unchecked (the log says "self-check skipped").
+        return policy.decide(capability, available, None, setting, vllm_backend)
     check = selfcheck.make_self_check(
         lambda name: _vllm.nvfp4_moe_runner(name, moe_config, quant_config),
         dequant=_vllm.vllm_reference_dequantize)

@@ -217,13 +217,15 @@ def check_values(modules: dict[str, dict[str, TensorInfo]], reader: TensorReader
         info = parts.get("weight_scale")
         if info is None or info.dtype != "F8_E4M3":
             continue
-        s = reader.get(info.name).float()
-        if bool(torch.isnan(s).any()):
-            idx = torch.nonzero(torch.isnan(s))[0].tolist()
-            problems.append(f"NaN scale: {_where(info)} at block {idx}")
-        elif bool((s < 0).any()):
+        # On the raw E4M3 bytes (no float copy): 0x7F/0xFF are NaN, bit 7 is the sign.
+        b = reader.get(info.name).view(torch.uint8)
+        mag = b & 0x7F
+        nan = mag == 0x7F
+        if bool(nan.any()):
+            problems.append(f"NaN scale: {_where(info)} at block {torch.nonzero(nan)[0].tolist()}")
+        elif bool(((b & 0x80) != 0).logical_and_(mag != 0).any()):
             problems.append(f"negative block scale: {_where(info)}")
-        elif s.numel() and not bool((s != 0).any()):
+        elif b.numel() and not bool(mag.any()):
             problems.append(f"zero scale: every block scale of {_where(info)} is 0 (the weight dequantises to zero)")
     return problems
 

@@ -41,7 +41,6 @@ from vllm_spark_plugin.quant.st_io import (
     TensorReader,
     iter_names,
     tensor_infos,
-    weight_files,
 )
 
 log = logging.getLogger("vllm_spark_plugin")
