@@ -107,3 +107,13 @@ def test_errors_are_recorded_not_raised():
     assert res.timing.error == "timed out: no data for 0.5s"
     res, _ = asyncio.run(run([], api="completions"))
     assert res.timing.error == "HTTP 400: max_tokens is too large"
+
+
+def test_stream_delivered_in_one_burst_is_flagged_bunched():
+    burst = "".join(chat("t") for _ in range(29)) + chat("t", finish="length")
+    res, times = asyncio.run(run([(0.05, burst + usage(30) + "data: [DONE]\n\n")], max_tokens=30))
+    assert res.timing.output_tokens == 30 and res.arrivals == 1 and res.bunched
+    steady = [(0.005, chat("t")) for _ in range(29)] + [(0.005, chat("t", finish="length") + usage(30)),
+                                                        (0, "data: [DONE]\n\n")]
+    res, _ = asyncio.run(run(steady, max_tokens=30))
+    assert res.arrivals > 20 and not res.bunched

@@ -82,17 +82,24 @@ def test_sweep_against_cpu_vllm_server(vllm_server, tmp_path):
     points = [r for r in data if r["row_type"] == "point"]
     assert [int(p["concurrency"]) for p in points] == [1, 2, 4, 8, 16]
     assert sum(r["row_type"] == "trial" for r in data) == 10
+    import vllm
     for p in points:
         c = int(p["concurrency"])
         assert int(p["completed"]) == int(p["requests"]) == 2 * c and int(p["errors"]) == 0
         assert int(p["short_streams"]) == 0 and int(p["output_tokens"]) == 2 * c * 32  # ignore_eos honoured
-        assert float(p["per_stream_median_tps"]) > 0 and float(p["ttft_p50_s"]) > 0
-        import vllm
+        assert float(p["ttft_p50_s"]) > 0 and float(p["output_tps"]) > 0
         assert p["engine_version"] == vllm.__version__ and p["max_model_len"] == "2048"
-    agg = {int(p["concurrency"]): float(p["aggregate_tps"]) for p in points}
-    rate = {int(p["concurrency"]): float(p["per_stream_median_tps"]) for p in points}
-    assert agg[16] > 2 * agg[1], agg  # batching: aggregate rises ...
-    assert rate[16] < rate[1], rate   # ... while each stream slows
+        # every stream has a decode timing, or is flagged: on a loaded 2-core box the CPU server
+        # sometimes delivers a whole short stream in one burst (see docs/bench.md)
+        if int(p["bunched_streams"]) < int(p["completed"]):
+            assert float(p["per_stream_median_tps"]) > 0 and float(p["aggregate_tps"]) > 0
+        else:
+            assert p["per_stream_median_tps"] == ""
+    rate = {int(p["concurrency"]): float(p["per_stream_median_tps"]) for p in points if p["per_stream_median_tps"]}
+    assert len(rate) >= 2, f"too few points with stream timings: {rate}"
+    assert rate[max(rate)] < rate[min(rate)], rate  # each stream slows as the batch grows ...
+    out_tps = {int(p["concurrency"]): float(p["output_tps"]) for p in points}
+    assert out_tps[16] > 2 * out_tps[1], out_tps  # ... while the work done per second rises
     summary = json.loads((out / "summary.json").read_text())
     assert summary["complete"] and summary["servers"][0]["engine_version"]
     assert summary["servers"][0]["cache_config"], "vllm:cache_config_info not read from /metrics"

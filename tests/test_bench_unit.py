@@ -59,6 +59,17 @@ def test_short_streams_are_counted_and_left_out_of_rates_unless_asked():
     assert m2.per_stream_median_tps == pytest.approx(550.0)
 
 
+def test_bunched_streams_counted_and_left_out_of_rates():
+    from vllm_spark_plugin.bench.client import StreamResult
+    steady = StreamResult(stream(101, 0, 0.1, 1.1), arrivals=100)  # 100 tok/s
+    burst = StreamResult(stream(101, 0, 0.5, 0.5001), arrivals=1)  # 1,000,000 tok/s: no timing in it
+    m = summarize([[steady, burst]], [1.2])
+    assert m.bunched_streams == 1 and m.completed == 2 and m.output_tokens == 202
+    assert m.per_stream_median_tps == pytest.approx(100.0) and m.per_stream_min_tps == pytest.approx(100.0)
+    assert m.aggregate_tps == pytest.approx(100.0)  # the burst's zero-length span is no throughput
+    assert summarize([[burst]], [1.0]).aggregate_tps is None
+
+
 def test_failed_streams_count_as_errors_not_rates():
     ok = stream(51, 0, 0.1, 1.1)
     bad = stream(0, 0, None, None, requested=50, error="server closed the connection")

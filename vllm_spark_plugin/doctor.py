@@ -66,10 +66,10 @@ def parse_serve_args(argv: list[str]) -> ServeArgs:
     """Pick the flags doctor cares about out of a `vllm serve ...` argument list."""
     out = ServeArgs()
     args = [a for a in argv if a != "--"]
-    if args and args[0] in ("vllm", "serve"):
-        args = args[1:] if args[0] == "serve" else args[1:]
-        if args and args[0] == "serve":
-            args = args[1:]
+    if args and args[0] == "vllm":
+        args = args[1:]
+    if args and args[0] == "serve":
+        args = args[1:]
     i = 0
     positional: list[str] = []
     while i < len(args):

@@ -12,7 +12,7 @@ For a point (one concurrency level of one workload on one endpoint) made of seve
   throughput counts every completed stream's tokens: it is work the server did;
 * delivery validation: streams the server delivered in a few bursts (`bunched_streams`, see
   `client.is_bunched`) carry no decode timing; they are counted and left out of the per-stream
-  rate statistics too.
+  rates and of the aggregate's token sum and time span (output tok/s and TTFT keep them).
 
 A trial row uses the same function with a single trial.  Streams are `StreamTiming`s or the
 client's `StreamResult`s (which also know whether they arrived bunched).
@@ -71,7 +71,8 @@ def summarize(trials: Sequence[Sequence[Stream]], durations: Sequence[float],
     ok = [s for s in all_streams if s.error is None]
     per_trial_rates = [_rates(t, include_short) for t in trials]
     pooled = [r for rates in per_trial_rates for r in rates]
-    aggregates = [a for a in (aggregate_throughput(t) for t in timings) if a is not None]
+    timed = [[_timing(s) for s in t if not _bunched(s)] for t in trials]  # streams with real timings
+    aggregates = [a for a in (aggregate_throughput(t) for t in timed) if a is not None]
     ttfts = [s.ttft for s in ok if s.ttft is not None]
     out_tokens = sum(s.output_tokens for s in ok)
     duration = float(sum(durations))

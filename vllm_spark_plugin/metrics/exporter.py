@@ -297,13 +297,14 @@ class Exporter:
                 ins.knee_ratio.labels(*lv).set(mean_batch / knee)
 
 
-_exporter: Exporter | None = None
+_exporters: dict[str, Exporter] = {}
 _exporter_lock = threading.Lock()
 
 
 def get(model: str) -> Exporter:
-    global _exporter
+    """The process's exporter for `model` (vLLM serves one model per process; tests make several)."""
     with _exporter_lock:
-        if _exporter is None:
-            _exporter = Exporter(model)
-        return _exporter
+        exp = _exporters.get(model)
+        if exp is None:
+            exp = _exporters[model] = Exporter(model)
+        return exp
