@@ -6,7 +6,8 @@ same load: 256 streams kept in flight, 32-token random prompts on /v1/completion
 of output tokens per request, usage from the server.  The CPU seconds (user + system) of each
 client process come from `os.wait4` (the child's own rusage).
 
-Start-up costs differ a lot (`vllm bench serve` imports torch and vLLM; `vllm-spark bench` renders
+`vllm-spark bench` runs on uvloop when it is installed (it comes with vLLM); the plain-asyncio
+figure (`--event-loop asyncio`) is measured too.  Start-up costs differ a lot (`vllm bench serve` imports torch and vLLM; `vllm-spark bench` renders
 its plots and report at the end), so each client runs at two output lengths and the figure of
 merit is the marginal cost: (CPU(long) - CPU(short)) / (tokens(long) - tokens(short)) per 1,000
 tokens.  Totals per run are reported as well.  Target: ratio (ours / vllm bench) <= 1.
@@ -60,9 +61,9 @@ def run_child(cmd: list[str], env: dict | None = None) -> tuple[float, float, st
     return usage.ru_utime + usage.ru_stime, wall, out
 
 
-def ours(url: str, streams: int, out_tokens: int, work: Path) -> tuple[float, float, int]:
-    out = work / f"ours-{out_tokens}"
-    cmd = [PY, "-m", "vllm_spark_plugin.cli", "bench", "--endpoint", url, "--api", "completions",
+def ours(url: str, streams: int, out_tokens: int, work: Path, loop: str = "auto") -> tuple[float, float, int]:
+    out = work / f"ours-{loop}-{out_tokens}"
+    cmd = [PY, "-m", "vllm_spark_plugin.cli", "bench", "--endpoint", url, "--api", "completions", "--event-loop", loop,
            "--workload", "random", "--random-input-len", "32", "--output-tokens", str(out_tokens),
            "--mode", "closed-loop", "--levels", str(streams), "--requests", str(streams),
            "--trials", "1", "--no-warmup", "--quiet", "--out", str(out)]
@@ -110,6 +111,7 @@ def main(argv=None) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             work = Path(tmp)
             for client, fn in (("vllm-spark bench", lambda n: ours(url, args.streams, n, work)),
+                               ("vllm-spark (asyncio)", lambda n: ours(url, args.streams, n, work, "asyncio")),
                                ("vllm bench serve", lambda n: vllm_bench(url, args.streams, n, work, tokenizer))):
                 runs = {}
                 for n in (args.short, args.long):
@@ -128,10 +130,12 @@ def main(argv=None) -> int:
     finally:
         fake.terminate()
         fake.wait(10)
-    ratio = rows["vllm-spark bench"]["marginal_cpu_s_per_1k_tokens"] / rows["vllm bench serve"]["marginal_cpu_s_per_1k_tokens"]
+    peer = rows["vllm bench serve"]["marginal_cpu_s_per_1k_tokens"]
+    ratio = rows["vllm-spark bench"]["marginal_cpu_s_per_1k_tokens"] / peer
     result = {"streams": args.streams, "short_tokens": args.short, "long_tokens": args.long,
               "repeats": args.repeats, "fake_server": {"alpha": args.alpha, "beta": args.beta},
               "clients": rows, "ratio_marginal": ratio,
+              "ratio_marginal_asyncio_loop": rows["vllm-spark (asyncio)"]["marginal_cpu_s_per_1k_tokens"] / peer,
               "ratio_total_long_run": rows["vllm-spark bench"]["total_cpu_s_per_1k_tokens_long_run"]
               / rows["vllm bench serve"]["total_cpu_s_per_1k_tokens_long_run"],
               "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
@@ -141,8 +145,8 @@ def main(argv=None) -> int:
     print(f"\n{'client':<18} {'CPU s / 1k tokens (marginal)':>30} {'CPU s / 1k tokens (whole run, long)':>36}")
     for client, r in rows.items():
         print(f"{client:<18} {r['marginal_cpu_s_per_1k_tokens']:>30.4f} {r['total_cpu_s_per_1k_tokens_long_run']:>36.4f}")
-    print(f"ratio vllm-spark / vllm bench: marginal {ratio:.2f}, whole run {result['ratio_total_long_run']:.2f} "
-          f"(target <= 1)")
+    print(f"ratio vllm-spark / vllm bench: marginal {ratio:.2f} (plain asyncio loop: "
+          f"{result['ratio_marginal_asyncio_loop']:.2f}), whole run {result['ratio_total_long_run']:.2f} (target <= 1)")
     print(f"written: {RESULTS / 'client_overhead.json'}")
     return 0
 

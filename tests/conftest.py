@@ -17,6 +17,13 @@ from vllm_spark_plugin.testbed.tiny_model import ensure_tiny_model
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _client_priority():
+    """Streaming clients in tests time token arrivals: let them preempt the engine's compute."""
+    from load import prioritize_client
+    prioritize_client()
+
+
 @pytest.fixture(scope="session")
 def artifacts_dir() -> Path:
     """Server logs and outputs of this test session (SPARK_TEST_ARTIFACTS to keep them somewhere)."""
@@ -36,6 +43,7 @@ def tiny_model_path() -> Path:
 def _start(model_path, artifacts_dir, name, **kw) -> VllmServer:
     server = VllmServer(model_path=str(model_path), log_path=artifacts_dir / f"{name}.log", **kw)
     server.start(timeout=float(os.environ.get("SPARK_TEST_SERVER_TIMEOUT", "900")))
+    server.prioritize_frontend()
     return server
 
 

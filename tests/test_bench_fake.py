@@ -82,6 +82,14 @@ def test_rates_match_known_timings_and_all_outputs_written(fake, tmp_path, capsy
         assert p["engine_version"] == "0.0.0-fake" and p["max_model_len"] == "8192"
         assert "gpu_memory_utilization=0.5" in p["recipe"] and p["model"] == "fake-model"
 
+    streams = list(csv.DictReader(open(out / "streams.csv")))  # every measured request, individually
+    assert len(streams) == sum(int(t["requests"]) for t in trials) == 62
+    for r in streams:
+        step = alpha + beta * int(r["concurrency"])
+        assert int(r["output_tokens"]) == 40 and r["short"] == "0" and r["bunched"] == "0" and not r["error"]
+        assert float(r["decode_tps"]) == pytest.approx(1 / step, rel=0.15)
+        assert float(r["decode_tps"]) == pytest.approx(39 / float(r["decode_s"]), rel=1e-4)
+
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "complete" and summary["complete"] is True
     curve = summary["curves"][0]
@@ -268,7 +276,8 @@ def test_prefill_scenarios_measure_dip_and_cache(fake, tmp_path):
     assert all(p["cached_tokens_reported"] == 2000 for p in pr["pairs"])
     assert (out / "prefill_interference.png").exists()
     html = (out / "report.html").read_text()
-    assert "Prefill interference" in html and "Prefix reuse" in html
+    assert "<h3>prefill-interference</h3>" in html and "<h3>prefix-reuse</h3>" in html
+    assert html.count("data:image/png;base64,") == 1  # the interference plot
 
 
 def test_ctrl_c_leaves_valid_partial_results(tmp_path):

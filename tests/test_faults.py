@@ -98,8 +98,8 @@ class ThrowingNvml:
         return boom
 
 
-class ReadingsThrowNvml:
-    """Initialises and lists one GPU, then every reading raises."""
+class OneGpu:
+    """Initialises and lists one GPU."""
 
     def nvmlInit(self):
         pass
@@ -110,10 +110,9 @@ class ReadingsThrowNvml:
     def nvmlDeviceGetHandleByIndex(self, i):
         return i
 
-    def __getattr__(self, name):
-        def boom(*a, **k):
-            raise NvmlError(f"{name} failed")
-        return boom
+
+class ReadingsThrowNvml(OneGpu, ThrowingNvml):
+    """One GPU, then every reading raises."""
 
 
 def test_nvml_that_throws_on_every_call():
@@ -142,7 +141,7 @@ class NotSupported(Exception):
 NotSupported.__name__ = "NVMLError_NotSupported"
 
 
-class Gb10Nvml:
+class Gb10Nvml(OneGpu):
     """GB10-like: power/energy/clock/temp work, memory info is NOT_SUPPORTED."""
 
     NVML_CLOCK_SM = 1
@@ -150,15 +149,6 @@ class Gb10Nvml:
 
     def __init__(self):
         self.energy_mj = 5_000_000
-
-    def nvmlInit(self):
-        pass
-
-    def nvmlDeviceGetCount(self):
-        return 1
-
-    def nvmlDeviceGetHandleByIndex(self, i):
-        return i
 
     def nvmlDeviceGetPowerUsage(self, h):
         return 95_000

@@ -234,16 +234,60 @@ def _composition(so) -> tuple[int, int, int, int]:
     return pre_reqs, pre_tokens, len(nst) - pre_reqs, total_tokens - pre_tokens
 
 
-def install_scheduler_hook(on_error) -> bool:
-    """Wrap the v1 Scheduler so each step's stats carry wall time, composition and KV blocks.
+SCHEDULER_MODULE = "vllm.v1.core.sched.scheduler"
 
-    `on_error(where, exc)` is called (never raises) when the hook's own code fails; vLLM's result is
-    returned untouched in that case.  Returns True when the hook is (already) installed.
+
+class _AfterImport:
+    """A meta-path finder that runs `fn(module)` right after `name` is imported.
+
+    The hook is installed in every process, but only the engine core imports the scheduler; waiting
+    for its import spares the API server and the workers a second of start-up imports.
     """
-    from vllm.v1.core.sched.scheduler import Scheduler
+
+    def __init__(self, name: str, fn) -> None:
+        self.name, self.fn = name, fn
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self.name:
+            return None
+        import importlib.machinery
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return None
+        exec_module, fn = spec.loader.exec_module, self.fn
+
+        def exec_and_patch(module):
+            exec_module(module)
+            fn(module)
+        spec.loader.exec_module = exec_and_patch
+        return spec
+
+
+def install_scheduler_hook(on_error) -> bool:
+    """Wrap vLLM's v1 Scheduler (now, or as soon as its module is imported) so each step's stats carry
+    wall time, composition and KV blocks.  Returns True when installed or pending."""
+    import sys
+
+    def patch(module):
+        try:
+            _patch_scheduler(module.Scheduler, on_error)
+        except Exception as exc:
+            on_error("scheduler_hook_install", exc)
+
+    module = sys.modules.get(SCHEDULER_MODULE)
+    if module is not None:
+        patch(module)
+    elif not any(isinstance(f, _AfterImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport(SCHEDULER_MODULE, patch))
+    return True
+
+
+def _patch_scheduler(Scheduler, on_error) -> None:
+    """`on_error(where, exc)` is called (never raises) when the hook's own code fails; vLLM's result
+    is returned untouched in that case."""
 
     if getattr(Scheduler, _HOOK_ATTR, False):
-        return True
+        return
     orig_schedule = Scheduler.schedule
     orig_update = Scheduler.update_from_output
     perf = time.perf_counter
@@ -299,7 +343,6 @@ def install_scheduler_hook(on_error) -> bool:
     Scheduler.schedule = schedule
     Scheduler.update_from_output = update_from_output
     setattr(Scheduler, _HOOK_ATTR, True)
-    return True
 
 
 def process_role() -> str:

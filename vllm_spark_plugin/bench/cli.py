@@ -16,10 +16,11 @@ from datetime import datetime
 from pathlib import Path
 
 from .. import __version__
+from . import scenarios as S
 from .client import OpenAIStreamClient, Timeouts, normalize_endpoint
 from .progress import Progress
-from . import scenarios as S
-from .results import CSV_COLUMNS, CSV_NAME, META_NAME, CsvWriter, RunRecord, write_json
+from .results import (CSV_COLUMNS, CSV_NAME, META_NAME, STREAM_COLUMNS, STREAMS_NAME, CsvWriter, RunRecord,
+                      write_json)
 from .server_info import PreflightError, ServerInfo, collect, preflight, tokenize
 from .sweep import DEFAULT_LEVELS, EndpointTarget, ServerGone, SweepConfig, SweepRunner, now_iso
 from .workloads import WORKLOAD_NAMES, PromptFactory, Workload, make_workload
@@ -65,8 +66,9 @@ def _positive(kind):
 
 
 def run_async(coro, loop: str = "auto"):
-    """asyncio.run on uvloop when available (`auto`) or asked for: about a third less client CPU per
-    streamed token; plain asyncio otherwise.  Ctrl-C cancels the main task either way."""
+    """asyncio.run on uvloop when available (`auto`) or asked for: about half the client CPU per
+    streamed token (benchmarks/client_overhead.py); plain asyncio otherwise.  Ctrl-C cancels the
+    main task either way."""
     if loop != "asyncio":
         try:
             import uvloop
@@ -115,6 +117,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="requested output tokens for every workload (default: code 1000, prose 500, random 256)")
     w.add_argument("--temperature", type=float, default=None,
                    help="temperature for every workload (default: code 0, prose 0.7, random 0)")
+    w.add_argument("--tokenizer", default=None, metavar="PATH",
+                   help="tokenizer folder of the served model: random prompts become exact-length text, "
+                        "as `vllm bench serve --dataset-name random` sends (needs transformers)")
     w.add_argument("--random-input-len", type=_positive(int), default=256,
                    help="prompt tokens of the random workload (default: %(default)s)")
     w.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
@@ -205,7 +210,8 @@ def _config_dict(args, workloads: list[Workload], scenarios: list[str]) -> dict:
             "requests": args.requests, "duration": args.duration,
             "workloads": [w.describe() for w in workloads], "api": args.api, "ignore_eos": args.ignore_eos,
             "include_short": args.include_short, "unique_prompts": args.unique_prompts,
-            "thinking": args.thinking, "floors": list(args.floor), "ttft_slo": args.ttft_slo,
+            "thinking": args.thinking, "tokenizer": args.tokenizer, "floors": list(args.floor),
+            "ttft_slo": args.ttft_slo,
             "scenarios": scenarios, "timeouts": {"connect": args.connect_timeout, "read": args.read_timeout,
                                                  "request": args.request_timeout}}
 
@@ -218,7 +224,12 @@ async def _prepare(args, specs, need_token_pool: bool, run_id: str) -> list[Endp
     for (endpoint, _, label), info in zip(specs, infos):
         await collect(info, timeout=args.connect_timeout, api_key=args.api_key)
         prompts = PromptFactory(run_id, unique=args.unique_prompts, seed=args.seed)
-        if need_token_pool:
+        if args.tokenizer:
+            try:
+                prompts.use_tokenizer(args.tokenizer)
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
+        elif need_token_pool:
             # Exact-length random prompts: token ids of ordinary tokens for the completions API, and
             # the model's tokens-per-word ratio for random-word text (chat API).
             ids = await tokenize(info.endpoint, info.model, prompts.corpus(), api_key=args.api_key)
@@ -284,22 +295,29 @@ def run(args) -> int:
     need_pool = "random" in [w.name for w in workloads] or any(s != "sweep" for s in scenarios)
     try:
         targets = run_async(_prepare(args, specs, need_pool, run_id), args.event_loop)
-    except (PreflightError, UsageError) as exc:
+    except PreflightError as exc:
         print(f"vllm-spark bench: error: {exc}", file=err)
         return EXIT_PREFLIGHT
+    except UsageError as exc:
+        print(f"vllm-spark bench: error: {exc}", file=err)
+        return EXIT_USAGE
 
-    out = Path(args.out or Path("runs") / f"bench-{run_id[:15]}")
-    out.mkdir(parents=True, exist_ok=True)
-    record = RunRecord(run_id=run_id, started=now_iso(), config=_config_dict(args, workloads, scenarios),
-                       out_dir=out, servers=[t.info.to_json() | {"label": t.label} for t in targets])
-    _write_meta(record, workloads)
     cfg = SweepConfig(levels=args.levels, trials=args.trials, warmup=args.warmup, mode=args.mode,
                       requests=args.requests, duration=args.duration, include_short=args.include_short,
                       api_key=args.api_key)
+    out = Path(args.out or Path("runs") / f"bench-{run_id[:15]}")
+    out.mkdir(parents=True, exist_ok=True)
+    config = _config_dict(args, workloads, scenarios)
+    config["request_count_per_trial"] = {str(c): c if args.mode == "waves" else cfg.requests_for(c)
+                                         for c in args.levels}
+    record = RunRecord(run_id=run_id, started=now_iso(), config=config, out_dir=out,
+                       servers=[t.info.to_json() | {"label": t.label} for t in targets])
+    _write_meta(record, workloads)
     units = cfg.units(len(targets) * len(workloads)) if "sweep" in scenarios else 0
     progress = Progress(units, enabled=not args.quiet)
     csv_writer = CsvWriter(out / CSV_NAME)
-    runner = SweepRunner(cfg, record, csv_writer, progress)
+    streams_writer = CsvWriter(out / STREAMS_NAME, STREAM_COLUMNS)
+    runner = SweepRunner(cfg, record, csv_writer, progress, streams_writer)
     if not args.quiet:
         for t in targets:
             print(f"vllm-spark bench: {t.label}: {t.info.endpoint} model {t.info.model} "
@@ -324,6 +342,7 @@ def run(args) -> int:
     finally:
         progress.close()
         csv_writer.close()
+        streams_writer.close()
         record.finished = now_iso()
         if record.status == "running":  # an unexpected exception is on its way out
             record.status, record.message = "failed", "internal error (see the traceback)"
@@ -341,14 +360,13 @@ def _write_meta(record: RunRecord, workloads: list[Workload]) -> None:
     write_json(record.out_dir / META_NAME, {
         "run_id": record.run_id, "tool": "vllm-spark bench", "plugin_version": __version__,
         "started": record.started, "finished": record.finished, "status": record.status,
-        "command": ["vllm-spark", "bench", *sys.argv[2:]] if sys.argv[1:2] == ["bench"] else sys.argv,
+        "command": ["vllm-spark", *sys.argv[1:]] if sys.argv[1:2] == ["bench"] else None,
         "config": record.config, "servers": record.servers,
         "workloads": [{"name": w.name, "output_tokens": w.output_tokens, "temperature": w.temperature,
                        "input_tokens": w.input_tokens} for w in workloads],
-        "request_count_per_trial": {str(c): (c if record.config["mode"] == "waves"
-                                             else record.config.get("requests") or (None if record.config.get("duration") else 4 * c))
-                                    for c in record.config["levels"]},
+        "request_count_per_trial": record.config["request_count_per_trial"],
         "csv_columns": CSV_COLUMNS,
+        "streams_csv_columns": STREAM_COLUMNS,
     })
 
 

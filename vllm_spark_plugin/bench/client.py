@@ -29,7 +29,7 @@ class StreamResult:
     """One streamed request: the seed-definition timing plus what the scenarios need."""
 
     timing: StreamTiming
-    chunk_times: list[float] | None = None  # arrival time of each text chunk (when recorded)
+    chunk_times: list[float] | None = None  # arrival time of each token-carrying chunk (when asked)
     finish_reason: str | None = None
     cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens, when reported
     usage_reported: bool = True
@@ -103,7 +103,8 @@ def describe_error(exc: BaseException, timeouts: Timeouts) -> str:
     if isinstance(exc, aiohttp.ClientPayloadError):
         return "server broke off the stream"
     if isinstance(exc, (asyncio.TimeoutError, aiohttp.ServerTimeoutError)):
-        return (f"timed out (no data for {timeouts.read:g}s, or the request took over {timeouts.total:g}s)")
+        return (f"timed out (no connection within {timeouts.connect:g}s, or the request took over "
+                f"{timeouts.total:g}s)")
     if isinstance(exc, aiohttp.ClientError):
         return f"{type(exc).__name__}: {exc}"
     return f"{type(exc).__name__}: {exc}"
@@ -182,7 +183,7 @@ class OpenAIStreamClient:
         """Send one request and time its stream.  Never raises for request failures: the error is
         recorded in the result (`timing.error`); cancellation propagates.
 
-        `chunk_times`, when given, receives the arrival time of every text chunk as it arrives (the
+        `chunk_times`, when given, receives the arrival time of every token-carrying chunk (the
         caller owns the list, so it can watch a running stream and keeps it after cancelling it).
         `start_event` holds the request back (after its payload is built) until the event is set."""
         assert self._session is not None, "use `async with OpenAIStreamClient(...)`"

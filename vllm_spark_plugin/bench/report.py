@@ -8,18 +8,20 @@ import html
 from pathlib import Path
 
 from .analysis import CurveAnalysis, analyze, capacity_profile, fleet_capacity, fleet_statement
-from .results import CSV_NAME, META_NAME, RunRecord, write_json
+from .results import CSV_NAME, META_NAME, STREAMS_NAME, RunRecord, write_json
 
 SUMMARY_NAME = "summary.json"
 PROFILE_NAME = "capacity_profile.json"
 REPORT_NAME = "report.html"
-PLOT_NAMES = {"aggregate": "aggregate.png", "per_stream": "per_stream.png", "ttft": "ttft.png",
-              "interference": "prefill_interference.png"}
+PLOT_NAMES = {"aggregate": "aggregate.png", "per_stream": "per_stream.png", "ttft": "ttft.png"}
+
+
+def _safe(label: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in label)
 
 
 def _profile_name(label: str) -> str:
-    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in label)
-    return f"capacity_profile-{safe}.json"
+    return f"capacity_profile-{_safe(label)}.json"
 
 
 def write_reports(record: RunRecord, floors: tuple[float, ...], ttft_slo: float | None = None) -> dict:
@@ -28,17 +30,19 @@ def write_reports(record: RunRecord, floors: tuple[float, ...], ttft_slo: float 
     out = Path(record.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     curves = analyze(record, floors, ttft_slo)
-    files: dict[str, str] = {"csv": CSV_NAME, "meta": META_NAME}
+    files: dict[str, str] = {"csv": CSV_NAME, "streams": STREAMS_NAME, "meta": META_NAME}
     plots: dict[str, Path] = {}
     if curves:
         from . import plots as P  # matplotlib only when there is something to draw
         plots["aggregate"] = P.plot_rates(curves, out / PLOT_NAMES["aggregate"], "aggregate")
         plots["per_stream"] = P.plot_rates(curves, out / PLOT_NAMES["per_stream"], "per_stream", floors)
         plots["ttft"] = P.plot_ttft(curves, out / PLOT_NAMES["ttft"])
-    pi = record.scenarios.get("prefill-interference")
-    if pi and not pi.get("error"):
-        from . import plots as P
-        plots["interference"] = P.plot_interference(pi, out / PLOT_NAMES["interference"])
+    for key, res in record.scenarios.items():  # "prefill-interference", or "... (label)" in a fleet
+        if res.get("scenario") == "prefill-interference":
+            from . import plots as P
+            label = key[len("prefill-interference"):].strip(" ()")
+            name = "prefill_interference.png" if not label else f"prefill_interference-{_safe(label)}.png"
+            plots[key] = P.plot_interference(res, out / name)
     files.update({k: p.name for k, p in plots.items()})
 
     source = f"vllm-spark bench run {record.run_id} ({CSV_NAME})"
@@ -153,45 +157,42 @@ def _ci_txt(ci, spec) -> str:
     return "&ndash;"
 
 
+def _interference_html(pi: dict) -> str:
+    dip = pi.get("dip") or {}
+    lp = pi.get("long_prompt") or {}
+    pr = pi.get("probe_ttft_during_prefill_s") or {}
+    rows = [["decode streams (requests run)", f"{pi.get('decode_streams')} ({pi.get('decode_requests')})"],
+            ["long prompt tokens", str(lp.get("prompt_tokens"))],
+            ["long prompt TTFT (s)", _num(lp.get("ttft_s"), ".3f")],
+            ["baseline per-stream rate (tok/s)", _num(pi.get("baseline_tokens_per_second"))],
+            ["dip detected", str(dip.get("detected"))],
+            ["dip duration (s)", _num(dip.get("duration_s"), ".3f")],
+            ["dip depth: lowest rate (tok/s)", _num(dip.get("min_tokens_per_second"))],
+            ["dip depth: fraction of baseline", _num(dip.get("depth_ratio"), ".2f")],
+            ["mean per-stream rate in the dip (tok/s)", _num(dip.get("mean_tokens_per_second"))],
+            ["short-request TTFT before (s)", _num(pi.get("baseline_probe_ttft_s"), ".3f")],
+            ["short-request TTFT during prefill, median (s)", _num(pr.get("median"), ".3f")],
+            ["short-request TTFT during prefill, max (s)", _num(pr.get("max"), ".3f")],
+            ["probes during prefill", str(pr.get("count"))]]
+    return _table(["quantity", "value"], rows)
+
+
+def _reuse_html(pr: dict) -> str:
+    rows = [[str(p["prompt_tokens"]), _num(p["cold_ttft_s"], ".3f"), _num(p["cached_ttft_s"], ".3f"),
+             str(p.get("cached_tokens_reported"))] for p in pr["pairs"]]
+    return (f"<p class='statement'>TTFT cold {_num(pr.get('cold_ttft_s'), '.3f')} s, cached "
+            f"{_num(pr.get('cached_ttft_s'), '.3f')} s (x{_num(pr.get('speedup'), '.1f')}) for a "
+            f"{pr.get('document_tokens')}-token document</p>"
+            + _table(["prompt tokens", "cold TTFT s", "cached TTFT s", "cached tokens (server)"], rows))
+
+
 def _scenario_section(record: RunRecord, plots: dict) -> str:
     parts = []
-    pi = record.scenarios.get("prefill-interference")
-    if pi:
-        if pi.get("error"):
-            parts.append(f"<h3>Prefill interference</h3><p class='warn'>{html.escape(pi['error'])}</p>")
-        else:
-            dip = pi.get("dip") or {}
-            lp = pi.get("long_prompt") or {}
-            pr = pi.get("probe_ttft_during_prefill_s") or {}
-            rows = [["decode streams", str(pi.get("decode_streams"))],
-                    ["long prompt tokens", str(lp.get("prompt_tokens"))],
-                    ["long prompt TTFT (s)", _num(lp.get("ttft_s"), ".3f")],
-                    ["baseline per-stream rate (tok/s)", _num(pi.get("baseline_tokens_per_second"))],
-                    ["dip detected", str(dip.get("detected"))],
-                    ["dip duration (s)", _num(dip.get("duration_s"), ".3f")],
-                    ["dip depth: lowest rate (tok/s)", _num(dip.get("min_tokens_per_second"))],
-                    ["dip depth: fraction of baseline", _num(dip.get("depth_ratio"), ".2f")],
-                    ["mean per-stream rate in the dip (tok/s)", _num(dip.get("mean_tokens_per_second"))],
-                    ["short-request TTFT before (s)", _num(pi.get("baseline_probe_ttft_s"), ".3f")],
-                    ["short-request TTFT during prefill, median (s)", _num(pr.get("median"), ".3f")],
-                    ["short-request TTFT during prefill, max (s)", _num(pr.get("max"), ".3f")],
-                    ["probes during prefill", str(pr.get("count"))]]
-            parts.append("<h3>Prefill interference</h3>" + _table(["quantity", "value"], rows)
-                         + "".join(f"<p class='note'>{html.escape(n)}</p>" for n in pi.get("notes") or [])
-                         + (_img(plots["interference"], "prefill interference") if "interference" in plots else ""))
-    pr = record.scenarios.get("prefix-reuse")
-    if pr:
-        if pr.get("error"):
-            parts.append(f"<h3>Prefix reuse</h3><p class='warn'>{html.escape(pr['error'])}</p>")
-        else:
-            rows = [[str(p["prompt_tokens"]), _num(p["cold_ttft_s"], ".3f"), _num(p["cached_ttft_s"], ".3f"),
-                     str(p.get("cached_tokens_reported"))] for p in pr["pairs"]]
-            parts.append("<h3>Prefix reuse</h3>"
-                         f"<p class='statement'>TTFT cold {_num(pr.get('cold_ttft_s'), '.3f')} s, cached "
-                         f"{_num(pr.get('cached_ttft_s'), '.3f')} s (x{_num(pr.get('speedup'), '.1f')}) for a "
-                         f"{pr.get('document_tokens')}-token document</p>"
-                         + _table(["prompt tokens", "cold TTFT s", "cached TTFT s", "cached tokens (server)"], rows)
-                         + "".join(f"<p class='note'>{html.escape(n)}</p>" for n in pr.get("notes") or []))
+    for key, res in record.scenarios.items():
+        body = _interference_html(res) if res.get("scenario") == "prefill-interference" else _reuse_html(res)
+        parts.append(f"<h3>{html.escape(key)}</h3>" + body
+                     + "".join(f"<p class='note'>{html.escape(n)}</p>" for n in res.get("notes") or [])
+                     + (_img(plots[key], key) if key in plots else ""))
     return ("<h2>Scenarios</h2>" + "".join(parts)) if parts else ""
 
 

@@ -1,5 +1,7 @@
 """Result records and the files that hold them: `sweep.csv` (one row per trial and per point,
-appended and flushed as each completes, so an interrupted run leaves a valid CSV) and `meta.json`.
+appended and flushed as each completes, so an interrupted run leaves a valid CSV), `streams.csv`
+(one row per measured request: the individual lengths and timings behind every number) and
+`meta.json`.
 
 CSV rows carry their own metadata columns (engine version, recipe, requested length, date...), so a
 row copied out of the file still says what it measured; `meta.json` holds the rest.
@@ -17,6 +19,7 @@ from ..definitions import SweepPoint
 from .stats import Metrics
 
 CSV_NAME = "sweep.csv"
+STREAMS_NAME = "streams.csv"
 META_NAME = "meta.json"
 
 CSV_COLUMNS = [
@@ -26,6 +29,12 @@ CSV_COLUMNS = [
     "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "output_tokens", "prompt_tokens",
     "requested_output_tokens", "temperature", "ignore_eos", "duration_s",
     "engine_version", "max_model_len", "recipe", "first_error",
+]
+
+STREAM_COLUMNS = [
+    "label", "workload", "endpoint", "model", "concurrency", "trial", "index", "prompt_tokens",
+    "output_tokens", "requested_output_tokens", "ttft_s", "decode_s", "decode_tps", "arrivals", "short",
+    "bunched", "finish_reason", "error",
 ]
 
 
@@ -109,18 +118,21 @@ def _fmt(value) -> str | int:
 
 
 class CsvWriter:
-    """`sweep.csv`, written row by row with a flush and fsync after each, header first."""
+    """A CSV written row by row (dicts) with a flush and fsync after each write, header first."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, columns: list[str] = CSV_COLUMNS) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fh = open(self.path, "w", newline="", encoding="utf-8")
-        self._writer = csv.DictWriter(self._fh, fieldnames=CSV_COLUMNS)
+        self._writer = csv.DictWriter(self._fh, fieldnames=columns)
         self._writer.writeheader()
         self._sync()
 
-    def write(self, row: Row) -> None:
-        self._writer.writerow(row.csv_row())
+    def write(self, row: "Row | dict") -> None:
+        self.write_many([row])
+
+    def write_many(self, rows: list) -> None:
+        self._writer.writerows(r.csv_row() if isinstance(r, Row) else r for r in rows)
         self._sync()
 
     def _sync(self) -> None:
@@ -133,6 +145,22 @@ class CsvWriter:
     def close(self) -> None:
         if not self._fh.closed:
             self._fh.close()
+
+
+def stream_rows(key: CurveKey, concurrency: int, trial: int, results: list) -> list[dict]:
+    """`streams.csv` rows: one per request of a measured trial (the client's `StreamResult`s)."""
+    rows = []
+    for i, r in enumerate(results):
+        t = r.timing
+        decode = (t.last_token - t.first_token) if t.first_token is not None and t.last_token is not None else None
+        rows.append({"label": key.label, "workload": key.workload, "endpoint": key.endpoint, "model": key.model,
+                     "concurrency": concurrency, "trial": trial, "index": i,
+                     "prompt_tokens": t.prompt_tokens, "output_tokens": t.output_tokens,
+                     "requested_output_tokens": t.requested_tokens if t.requested_tokens is not None else "",
+                     "ttft_s": _fmt(t.ttft), "decode_s": _fmt(decode), "decode_tps": _fmt(t.decode_rate),
+                     "arrivals": r.arrivals, "short": int(t.short), "bunched": int(r.bunched),
+                     "finish_reason": r.finish_reason or "", "error": t.error or ""})
+    return rows
 
 
 def write_json(path: Path, data: dict) -> None:

@@ -100,20 +100,33 @@ async def prefill_interference(client: OpenAIStreamClient, prompts: PromptFactor
     long_len, note = _fit_prompt_len(cfg.long_prompt_tokens, max_model_len, reserve=64)
     if note:
         notes.append(note)
-    decode_tokens = 4096 if not max_model_len else max(64, min(4096, max_model_len - 512))
-    chunk_lists: list[list[float]] = [[] for _ in range(cfg.streams)]
-    decode = [asyncio.create_task(client.stream(prompts.prompt(workload, i, client.token_ids_allowed),
-                                                decode_tokens, workload.temperature, chunk_times=chunk_lists[i]))
-              for i in range(cfg.streams)]
+    # Each decode slot runs requests back to back, so `streams` decode streams are running whatever
+    # the decode speed, from before the baseline until the tail ends (then they are cancelled).
+    decode_tokens = max(16, min(workload.output_tokens, (max_model_len or 4096) - 256))
+    chunk_lists: list[list[float]] = []  # one per decode request, in start order
+    decode_errors: list[str] = []
+    started = 0
+
+    async def slot() -> None:
+        nonlocal started
+        while True:
+            times: list[float] = []
+            chunk_lists.append(times)
+            started += 1
+            res = await client.stream(prompts.prompt(workload, started - 1, client.token_ids_allowed),
+                                      decode_tokens, workload.temperature, chunk_times=times)
+            if res.timing.error:
+                decode_errors.append(res.timing.error)
+                return
+
+    decode = [asyncio.create_task(slot()) for _ in range(cfg.streams)]
     long_task = None
     probes: list[tuple[float, asyncio.Task]] = []
     try:
         deadline = time.perf_counter() + cfg.timeout
-        while any(len(c) < 2 for c in chunk_lists):
-            if all(t.done() for t in decode) or time.perf_counter() > deadline:
-                errors = [t.result().timing.error for t in decode if t.done() and not t.cancelled()]
-                raise ScenarioError("decode streams did not start: "
-                                   + (next((e for e in errors if e), "timed out")))
+        while len(chunk_lists) < cfg.streams or any(len(c) < 2 for c in chunk_lists[:cfg.streams]):
+            if decode_errors or time.perf_counter() > deadline:
+                raise ScenarioError("decode streams did not start: " + (decode_errors or ["timed out"])[0])
             await asyncio.sleep(0.02)
         await asyncio.sleep(cfg.baseline_seconds)
         baseline_probe = await client.stream(PROBE_PROMPT, cfg.probe_tokens, 0.0)
@@ -140,8 +153,6 @@ async def prefill_interference(client: OpenAIStreamClient, prompts: PromptFactor
         await asyncio.gather(*decode, return_exceptions=True)
     if long_res.timing.error:
         raise ScenarioError(f"the long prompt failed: {long_res.timing.error}")
-    decode_errors = [t.result().timing.error for t in decode
-                     if not t.cancelled() and t.exception() is None and t.result().timing.error]
     if decode_errors:
         notes.append(f"{len(decode_errors)} decode stream(s) failed: {decode_errors[0]}")
     gaps = [b - a for c in chunk_lists for a, b in zip(c, c[1:])]
@@ -165,6 +176,7 @@ async def prefill_interference(client: OpenAIStreamClient, prompts: PromptFactor
     return {
         "scenario": "prefill-interference",
         "decode_streams": cfg.streams,
+        "decode_requests": len(chunk_lists),
         "decode_workload": workload.name,
         "long_prompt": {"requested_tokens": long_len, "prompt_tokens": long_res.timing.prompt_tokens,
                         "ttft_s": long_res.timing.ttft, "done_s": t_long_done,

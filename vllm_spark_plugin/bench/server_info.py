@@ -75,7 +75,10 @@ async def preflight(endpoint: str, model: str | None, timeout: float = 5.0,
     try:
         async with aiohttp.ClientSession(headers=headers) as session:
             status, text = await _get(session, url, timeout)
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+    except asyncio.TimeoutError:
+        raise PreflightError(f"{base}: timed out: no answer to GET /v1/models within {timeout:g}s "
+                             f"(--connect-timeout); is the server running and is the URL right?") from None
+    except (aiohttp.ClientError, OSError) as exc:
         raise PreflightError(f"{base}: {describe_error(exc, Timeouts(connect=timeout, read=timeout, total=timeout))}"
                              f"; is the server running and is the URL right?") from None
     if status == 404:

@@ -16,10 +16,9 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from ..definitions import StreamTiming
 from .client import OpenAIStreamClient, StreamResult
 from .progress import Progress
-from .results import CsvWriter, CurveKey, Row, RunRecord
+from .results import CsvWriter, CurveKey, Row, RunRecord, stream_rows
 from .server_info import ServerInfo, reachable
 from .stats import summarize
 from .workloads import PromptFactory, Workload
@@ -47,10 +46,9 @@ class SweepConfig:
     api_key: str | None = None
 
     def requests_for(self, concurrency: int) -> int | None:
-        if self.mode != "closed-loop":
-            return concurrency
+        """Closed loop: requests per trial (None with a duration: as many as fit in it)."""
         if self.duration:
-            return self.requests  # None: as many as fit in the duration
+            return self.requests
         return self.requests or 4 * concurrency
 
     def units(self, n_curves: int) -> int:
@@ -102,10 +100,12 @@ class EndpointTarget:
 
 
 class SweepRunner:
-    def __init__(self, cfg: SweepConfig, record: RunRecord, csv_writer: CsvWriter, progress: Progress) -> None:
+    def __init__(self, cfg: SweepConfig, record: RunRecord, csv_writer: CsvWriter, progress: Progress,
+                 streams_writer: CsvWriter | None = None) -> None:
         self.cfg = cfg
         self.record = record
         self.csv = csv_writer
+        self.streams_csv = streams_writer
         self.progress = progress
 
     async def run_target(self, target: EndpointTarget, workloads: list[Workload]) -> None:
@@ -124,17 +124,17 @@ class SweepRunner:
                                          self.cfg.requests_for(level), self.cfg.duration)
         return await run_wave(client, target.prompts, workload, level)
 
-    async def _check(self, target: EndpointTarget, streams: list[StreamTiming], where: str) -> None:
-        failed = [s for s in streams if s.error is not None]
+    async def _check(self, target: EndpointTarget, results: list[StreamResult], where: str) -> None:
+        failed = [r.timing for r in results if r.timing.error is not None]
         if not failed:
             return
         reason = await reachable(target.info.endpoint, api_key=self.cfg.api_key)
         if reason is not None:
             raise ServerGone(f"{target.info.endpoint} stopped answering during {where} ({reason}); "
                              f"last request error: {failed[0].error}")
-        if len(failed) == len(streams):
+        if len(failed) == len(results):
             raise ServerGone(f"every request of {where} failed on {target.info.endpoint}: {failed[0].error}")
-        self.progress.note(f"warning: {len(failed)}/{len(streams)} requests of {where} failed: {failed[0].error}")
+        self.progress.note(f"warning: {len(failed)}/{len(results)} requests of {where} failed: {failed[0].error}")
 
     def _row(self, row_type: str, key: CurveKey, target: EndpointTarget, workload: Workload,
              level: int, trial: int, metrics) -> Row:
@@ -153,20 +153,22 @@ class SweepRunner:
                 results, _ = await run_closed_loop(client, target.prompts, workload, level, level, None)
             else:
                 results, _ = await self._trial(client, target, workload, level)
-            await self._check(target, [r.timing for r in results], f"{name} warm-up")
+            await self._check(target, results, f"{name} warm-up")
             self.progress.advance("warm-up done")
         trials: list[list[StreamResult]] = []
         durations: list[float] = []
         for t in range(1, self.cfg.trials + 1):
             self.progress.start(f"{name} trial {t}/{self.cfg.trials}")
             results, duration = await self._trial(client, target, workload, level)
-            await self._check(target, [r.timing for r in results], f"{name} trial {t}")
+            await self._check(target, results, f"{name} trial {t}")
             trials.append(results)
             durations.append(duration)
             m = summarize([results], [duration], self.cfg.include_short)
             row = self._row("trial", key, target, workload, level, t, m)
             self.record.trials.append(row)
             self.csv.write(row)
+            if self.streams_csv is not None:
+                self.streams_csv.write_many(stream_rows(key, level, t, results))
             self.progress.advance(_headline(m))
         point = self._row("point", key, target, workload, level, len(trials),
                           summarize(trials, durations, self.cfg.include_short))

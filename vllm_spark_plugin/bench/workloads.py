@@ -4,7 +4,8 @@
 * `prose`: 16 English writing topics, temperature 0.7, 500 requested output tokens (seed 003 used
   300-600);
 * `random`: random-token prompts of a fixed length (the shape `vllm bench serve --dataset-name
-  random` uses), temperature 0, 256 output tokens.
+  random` uses), temperature 0, 256 output tokens.  With a local tokenizer they are exact-length
+  text, as vllm bench sends; otherwise exact token-id lists (completions API) or random words.
 
 Each stream of a wave gets a distinct prompt.  With `unique` on (the default) every request also
 carries a short unique tag at the start, so no request hits the prefix cache of an earlier one and
@@ -86,6 +87,8 @@ class PromptFactory:
         self.words = _word_pool()
         self.rng = random.Random(seed)
         self.counter = 0
+        self.tokenizer = None  # set by use_tokenizer
+        self._vocab: list[int] = []
 
     def _tag(self) -> str:
         self.counter += 1
@@ -100,11 +103,44 @@ class PromptFactory:
         return (self._tag() + text) if self.unique else text
 
     def random_prompt(self, n_tokens: int, token_ids: bool) -> Prompt:
-        """A random prompt of about `n_tokens` tokens (exactly, as token ids), never seen before."""
+        """A random prompt of `n_tokens` tokens, never seen before: exact-length text with a local
+        tokenizer (what `vllm bench serve --dataset-name random` sends), else exact token ids
+        (completions API), else random words of about that many tokens."""
+        if self.tokenizer is not None:
+            return self._tokenizer_text(n_tokens)
         if token_ids and self.token_pool:
             return [self.rng.choice(self.token_pool) for _ in range(n_tokens)]
         n_words = max(1, round(n_tokens / self.tokens_per_word))
         return self._tag() + " ".join(self.rng.choice(self.words) for _ in range(n_words))
+
+    def use_tokenizer(self, path: str) -> None:
+        """Build random prompts as text with the served model's own tokenizer (transformers)."""
+        try:
+            from transformers import AutoTokenizer
+        except ImportError:
+            raise ValueError("--tokenizer needs the `transformers` package") from None
+        try:
+            tok = AutoTokenizer.from_pretrained(path)
+        except Exception as exc:  # noqa: BLE001 - any loading failure is a bad --tokenizer value
+            raise ValueError(f"--tokenizer {path!r}: cannot load a tokenizer there ({exc})") from None
+        special = set(tok.all_special_ids)
+        self.tokenizer = tok
+        self._vocab = [i for i in range(len(tok)) if i not in special]
+
+    def _tokenizer_text(self, n: int) -> str:
+        """Decode random ids, re-encode, cut to n and decode again until the text is n tokens."""
+        tok = self.tokenizer
+        text = ""
+        for _ in range(10):
+            ids = [self.rng.choice(self._vocab) for _ in range(n)]
+            ids = tok.encode(tok.decode(ids), add_special_tokens=False)
+            while len(ids) < n:
+                ids += tok.encode(tok.decode([self.rng.choice(self._vocab) for _ in range(n - len(ids))]),
+                                  add_special_tokens=False)
+            text = tok.decode(ids[:n])
+            if len(tok.encode(text, add_special_tokens=False)) == n:
+                break
+        return text
 
     def corpus(self) -> str:
         """All shipped prompt text (what `/tokenize` is asked about to build the token pool)."""
