@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -59,13 +60,13 @@ def test_report_renders_in_chromium(tmp_path):
                            "--workload", "prose", "--output-tokens", "20", "--out", str(out)]) == 0
     finally:
         srv.stop()
-    assert "http" not in "".join(line for line in (out / "report.html").read_text().splitlines()
-                                 if "<img" in line or "<link" in line or "<script" in line)
+    html = (out / "report.html").read_text()
+    assert not re.findall(r'(?:src|href)="(?!data:)', html), "the report loads external resources"
+    assert html.count('src="data:image/png;base64,') == 3
     assert_plots_visible(screenshot(out / "report.html", tmp_path / "shot.png", tmp_path))
     # and a page without its images is caught by the same check
     blank = tmp_path / "blank.html"
-    text = (out / "report.html").read_text()
-    blank.write_text(text.replace('src="data:image/png;base64,', 'data-x="'))
+    blank.write_text(html.replace('src="data:image/png;base64,', 'data-x="'))
     with pytest.raises(AssertionError):
         assert_plots_visible(screenshot(blank, tmp_path / "blank.png", tmp_path))
 

@@ -34,6 +34,7 @@ def points(out: Path) -> list[dict]:
 def test_killed_server_leaves_partial_results(tiny_model_path, artifacts_dir, tmp_path):
     server = VllmServer(model_path=str(tiny_model_path), log_path=artifacts_dir / "vllm-server-bench-kill.log")
     server.start(timeout=float(os.environ.get("SPARK_TEST_SERVER_TIMEOUT", "900")))
+    server.prioritize_frontend()  # as conftest does for the shared server
     out = tmp_path / "run"
     try:
         proc = subprocess.Popen([sys.executable, "-m", "vllm_spark_plugin.cli", "bench", "--endpoint",
