@@ -1,5 +1,5 @@
 """Peer cross-check on the same CPU vLLM server: `vllm bench serve` vs this tool's closed-loop mode,
-same load: 32-token random text prompts built with the model's tokenizer, 64 output tokens with
+same load: 128-token random text prompts built with the model's tokenizer, 64 output tokens with
 ignore_eos, the same request count, at --max-concurrency 1 and 8.  Output throughput must agree within 10%, median TTFT within 20%.
 
 Both sides define output throughput the same way here (output tokens / wall time of the run:
@@ -24,7 +24,7 @@ import pytest
 from vllm_spark_plugin.cli import main as vllm_spark
 
 ROOT = Path(__file__).resolve().parent.parent
-INPUT_LEN, OUTPUT_LEN = 32, 64
+INPUT_LEN, OUTPUT_LEN = 128, 64
 REQUESTS = {1: 24, 8: 64}
 
 

@@ -215,7 +215,7 @@ def test_reads_the_csv_that_the_sweep_benchmark_writes(tmp_path):
         return Metrics(requests=8, completed=8, errors=0, short_streams=0, per_stream_median_tps=r,
                        per_stream_min_tps=r * 0.9, per_stream_p10_tps=r * 0.95, aggregate_tps=a,
                        output_tps=a * 0.9, ttft_p50_s=t50, ttft_p90_s=t50 * 1.5, ttft_p99_s=t50 * 2,
-                       output_tokens=512, prompt_tokens=256, duration_s=3.0)
+                       output_tokens=512, prompt_tokens=256, duration_s=3.0, bunched_streams=0)
 
     path = tmp_path / "sweep.csv"
     writer = CsvWriter(path)
@@ -231,3 +231,12 @@ def test_reads_the_csv_that_the_sweep_benchmark_writes(tmp_path):
     assert [(p.concurrency, p.per_stream_tokens_per_second, p.aggregate_tokens_per_second, p.trials)
             for p in pts] == [(1, 224.0, 220.0, 2), (8, 118.0, 900.0, 2), (32, 53.0, 1700.0, 2)]
     assert pts[2].ttft_p99_seconds == pytest.approx(0.8)
+
+
+def test_bench_output_folder_reads_its_sweep_csv(tmp_path):
+    """`vllm-spark knee runs/bench-X/` uses the folder's sweep.csv, not its other JSON files."""
+    test_reads_the_csv_that_the_sweep_benchmark_writes(tmp_path)
+    (tmp_path / "summary.json").write_text('{"not": "a vllm bench result"}')
+    (tmp_path / "capacity_profile.json").write_text('{"knee": 3}')
+    [(label, pts)] = load_points(tmp_path).items()
+    assert label == "tiny" and len(pts) == 3

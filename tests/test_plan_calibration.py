@@ -100,18 +100,18 @@ def test_parse_point():
             parse_point(bad)
 
 
-def test_points_from_file_uses_the_knee_loader(tmp_path, monkeypatch):
-    """Fake only the colleague's loader module (`knee.loaders`), at the import seam."""
-    pts = [SweepPoint(concurrency=1, per_stream_tokens_per_second=40.0, aggregate_tokens_per_second=40.0, label="a")]
-    fake = types.ModuleType("vllm_spark_plugin.knee.loaders")
-    fake.load_points = lambda path: {"a": pts, "b": pts}
-    monkeypatch.setitem(sys.modules, "vllm_spark_plugin.knee.loaders", fake)
-    f = tmp_path / "sweep.json"
-    f.write_text("{}")
+def test_points_from_file_uses_the_knee_loader(tmp_path):
+    """A real sweep CSV with two curves, read through knee.loaders."""
+    f = tmp_path / "sweep.csv"
+    rows = ["row_type,label,workload,concurrency,trial,per_stream_median_tps,aggregate_tps,ttft_p50_s,ttft_p99_s"]
+    for label in ("a", "b"):
+        rows += [f"point,{label},code,1,1,40.0,40.0,0.1,0.2", f"point,{label},code,64,1,10.0,557.0,2.0,3.0"]
+    f.write_text("\n".join(rows) + "\n")
     with pytest.raises(PlanError, match="several curves"):
         points_from_file(str(f))
     label, got = points_from_file(str(f), "b")
-    assert label == "b" and got == pts
+    assert label == "b"
+    assert [(p.concurrency, p.aggregate_tokens_per_second) for p in got] == [(1, 40.0), (64, 557.0)]
     with pytest.raises(PlanError, match="no curve labelled"):
         points_from_file(str(f), "zzz")
     with pytest.raises(PlanError, match="not found"):

@@ -203,11 +203,12 @@ _HOOK_ATTR = "_vllm_spark_hooked"
 
 
 class _HookState:
-    __slots__ = ("pending", "last_end")
+    __slots__ = ("pending", "last_end", "busy")
 
     def __init__(self) -> None:
         self.pending: dict[int, float] = {}  # id(scheduler_output) -> schedule start
         self.last_end = 0.0
+        self.busy = False  # requests were left running or waiting when the last step ended
 
 
 def _composition(so) -> tuple[int, int, int, int]:
@@ -316,10 +317,13 @@ def _patch_scheduler(Scheduler, on_error) -> None:
             if st is not None:
                 t0 = st.pending.pop(id(scheduler_output), None)
                 if t0 is not None and scheduler_output.total_num_scheduled_tokens > 0:
-                    # With async scheduling the next step is scheduled before this one ends:
-                    # the step then lasts from the previous step's end (the pipelined period).
-                    start = t0 if t0 > st.last_end else st.last_end
+                    # A step lasts from the previous step's end while the engine stayed busy (so the
+                    # engine loop's own work between steps counts: it is part of every token's cost,
+                    # and with async scheduling the next step is scheduled before this one ends),
+                    # else from its schedule() call (after idle time).
+                    start = st.last_end if (st.busy and st.last_end) else t0
                     st.last_end = end
+                    st.busy = bool(getattr(self, "running", None)) or bool(getattr(self, "waiting", None))
                     stats = None
                     for eco in outputs.values():
                         stats = getattr(eco, "scheduler_stats", None)

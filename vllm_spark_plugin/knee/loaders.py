@@ -285,7 +285,9 @@ def load_points(path: str | os.PathLike | Iterable[str | os.PathLike]) -> dict[s
         paths = [os.fspath(p) for p in path]
     files: list[str] = []
     for p in paths:
-        if os.path.isdir(p):
+        if os.path.isdir(p) and os.path.isfile(os.path.join(p, "sweep.csv")):
+            files.append(os.path.join(p, "sweep.csv"))  # a `vllm-spark bench` output folder
+        elif os.path.isdir(p):
             found = sorted(os.path.join(p, f) for f in os.listdir(p)
                            if f.endswith((".json", ".jsonl", ".csv")) and not f.endswith(".pytorch.json"))
             if not found:
