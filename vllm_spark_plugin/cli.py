@@ -50,6 +50,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"vllm-spark {name}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `vllm-spark knee ... | head`: the reader left, not an error
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":
