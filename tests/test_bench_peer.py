@@ -24,7 +24,6 @@ from pathlib import Path
 import pytest
 
 from vllm_spark_plugin.bench.client import is_bunched
-from vllm_spark_plugin.cli import main as vllm_spark
 
 ROOT = Path(__file__).resolve().parent.parent
 INPUT_LEN, OUTPUT_LEN = 128, 64
@@ -32,12 +31,14 @@ REQUESTS = {1: 24, 8: 64}
 
 
 def run_ours(server, c: int, out: Path) -> dict:
-    rc = vllm_spark(["bench", "--quiet", "--endpoint", server.base_url, "--model", server.model,
-                     "--api", "completions", "--workload", "random", "--random-input-len", str(INPUT_LEN),
-                     "--tokenizer", str(server.model_path),  # exact-length text prompts, as vllm bench sends
-                     "--output-tokens", str(OUTPUT_LEN), "--mode", "closed-loop", "--levels", str(c),
-                     "--requests", str(REQUESTS[c]), "--trials", "1", "--out", str(out)])
-    assert rc == 0
+    # In its own process, as vllm bench runs: the test process's other threads must not slow one side.
+    cmd = [sys.executable, "-m", "vllm_spark_plugin.cli", "bench", "--quiet", "--endpoint", server.base_url,
+           "--model", server.model, "--api", "completions", "--workload", "random", "--random-input-len", str(INPUT_LEN),
+           "--tokenizer", str(server.model_path),  # exact-length text prompts, as vllm bench sends
+           "--output-tokens", str(OUTPUT_LEN), "--mode", "closed-loop", "--levels", str(c),
+           "--requests", str(REQUESTS[c]), "--trials", "1", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     with open(out / "sweep.csv", newline="") as fh:
         (p,) = [r for r in csv.DictReader(fh) if r["row_type"] == "point"]
     assert int(p["errors"]) == 0 and int(p["output_tokens"]) == REQUESTS[c] * OUTPUT_LEN
