@@ -77,6 +77,7 @@ def _summary(runs: list[dict]) -> dict:
 
 
 @pytest.mark.server
+@pytest.mark.peer
 @pytest.mark.parametrize("concurrency", [1, 8])
 def test_matches_vllm_bench_serve(second_vllm_server, tmp_path, concurrency):
     vllm_server = second_vllm_server  # a plain plugin server (no OTel bridge), shared with the fleet test

@@ -9,7 +9,8 @@ import urllib.request
 
 import pytest
 
-from load import run_streams
+from load import run_streams, run_streams_with_arrivals
+from vllm_spark_plugin.bench.client import is_bunched
 from scrape import buckets, delta_buckets, histogram_quantile, scrape, value
 
 pytestmark = pytest.mark.server
@@ -59,13 +60,16 @@ def load_runs(vllm_server):
         before = _wait_idle(vllm_server)
         watcher = KvWatcher(vllm_server.metrics_url)
         watcher.start()
-        streams = []
+        streams, arrivals = [], []
         for w in range(waves):
-            streams += run_streams(vllm_server.base_url, vllm_server.model, c, max_tokens=1024, prompt_prefix=f"c{c}w{w}")
+            got = run_streams_with_arrivals(vllm_server.base_url, vllm_server.model, c, max_tokens=1024,
+                                            prompt_prefix=f"c{c}w{w}")
+            streams += [t for t, _ in got]
+            arrivals += [a for _, a in got]
         watcher.stop.set()
         watcher.join()
         after = _wait_idle(vllm_server)
-        runs[c] = dict(before=before, after=after, streams=streams, kv_max=watcher.max_used)
+        runs[c] = dict(before=before, after=after, streams=streams, arrivals=arrivals, kv_max=watcher.max_used)
     return runs
 
 
@@ -98,7 +102,10 @@ def test_server_median_stream_rate_matches_client(load_runs, c):
     d = delta_buckets(buckets(r["after"], P + "stream_decode_tokens_per_second"),
                       buckets(r["before"], P + "stream_decode_tokens_per_second"))
     server_median = histogram_quantile(0.5, d)
-    client_median = statistics.median(s.decode_rate for s in r["streams"])
+    # Streams the 2-core test bed delivered in a few bursts carry no timing (the benchmark's rule).
+    timed = [s for s, a in zip(r["streams"], r["arrivals"]) if not is_bunched(s.output_tokens, a)]
+    assert timed, "every stream arrived in bursts"
+    client_median = statistics.median(s.decode_rate for s in timed)
     assert server_median is not None
     assert abs(server_median - client_median) / client_median <= 0.15, (
         f"concurrency {c}: server median {server_median:.1f} tok/s, client median {client_median:.1f} tok/s, "
