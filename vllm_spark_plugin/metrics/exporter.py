@@ -126,9 +126,7 @@ class Exporter:
     def new_estimator(self):
         try:
             from vllm_spark_plugin.knee.online import OnlineKneeEstimator
-            s = self.settings
-            return OnlineKneeEstimator(window=s.knee_window, halflife_seconds=s.knee_halflife_seconds,
-                                       refit_seconds=s.knee_refit_seconds, floors=s.floors)
+            return OnlineKneeEstimator.from_settings(self.settings)
         except Exception as exc:
             errors.report("knee_init", exc)
             return None
@@ -253,10 +251,8 @@ class Exporter:
             return
         for r in self._hw.sample():
             g = r["gpu"]
-            if "energy_delta_j" in r and r["energy_delta_j"] > 0:
-                ins.energy.labels(g).inc(r["energy_delta_j"])
-            elif "energy_delta_j" in r:
-                ins.energy.labels(g).inc(0)
+            if "energy_delta_j" in r:
+                ins.energy.labels(g).inc(r["energy_delta_j"])  # 0 on the first reading: the series exists
             if "power_w" in r:
                 ins.power.labels(g).set(r["power_w"])
             if "sm_clock_hz" in r:
