@@ -6,9 +6,6 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export PYTHONUNBUFFERED=1
 set +e
-# Without arguments: everything but the peer cross-check against `vllm bench serve`, whose 10%
-# throughput bound is at the mercy of two shared cores (run it with: bash scripts/test.sh -m peer).
-if [ $# -eq 0 ]; then set -- -m "not peer"; fi
 .venv/bin/python -m pytest -p no:cacheprovider -ra --durations=15 "$@"
 rc=$?
 set -e

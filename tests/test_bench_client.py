@@ -117,3 +117,42 @@ def test_stream_delivered_in_one_burst_is_flagged_bunched():
                                                         (0, "data: [DONE]\n\n")]
     res, _ = asyncio.run(run(steady, max_tokens=30))
     assert res.arrivals > 20 and not res.bunched
+
+
+async def _closing_server(close_first: int):
+    """A raw HTTP server that closes the first `close_first` connections without a response (as a
+    server does with a kept-alive connection it has timed out), then serves one short stream."""
+    seen = 0
+    body = (chat("t") + chat("", finish="length") + usage(1) + "data: [DONE]\n\n").encode()
+
+    async def handle(reader, writer):
+        nonlocal seen
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+        await reader.readexactly(length)
+        seen += 1
+        if seen > close_first:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n"
+                         % len(body) + body)
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", lambda: seen
+
+
+@pytest.mark.parametrize("close_first, ok", [(1, True), (2, False)])
+def test_request_on_a_connection_the_server_closed_is_retried_once(close_first, ok):
+    async def main():
+        server, url, seen = await _closing_server(close_first)
+        try:
+            async with OpenAIStreamClient(url, "m", timeouts=Timeouts(2, 5, 10)) as c:
+                return await c.stream("hi", 1), seen()
+        finally:
+            server.close()
+    res, attempts = asyncio.run(main())
+    assert attempts == 2
+    if ok:
+        assert res.timing.error is None and res.timing.output_tokens == 1
+    else:
+        assert res.timing.error == "server closed the connection"

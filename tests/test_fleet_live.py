@@ -31,10 +31,22 @@ def test_fleet_capacity_is_the_sum_of_the_instances(vllm_server_pair):
     floor = SLOConfig().floor_tokens_per_second
     with PrometheusProcess([a.metrics_url, b.metrics_url]) as prom:
         prom.wait_for('count(up{job="vllm"} == 1) == 2', timeout=60)
-        counts = drive([a.base_url, b.base_url], a.model, seconds=20, concurrency=8, max_tokens=32)
-        assert counts["requests"] >= 16, counts
-        prom.wait_for(f"count(count by (instance) (vllm_spark_capacity_streams{{{q.floor_matcher(floor)}}}))",
-                      timeout=60, predicate=lambda r: bool(r) and float(r[0]["value"][1]) == 2)
+        both = f"count(count by (instance) (vllm_spark_capacity_streams{{{q.floor_matcher(floor)}}})) == 2"
+        # Each instance reports a capacity once its own step-time fit has a positive slope.  Two
+        # servers sharing two cores make step times noisy, so the load is repeated (up to three
+        # times) until both fits resolve one; the fits' state is shown if they never do.
+        for attempt in range(3):
+            counts = drive([a.base_url, b.base_url], a.model, seconds=20, concurrency=8, max_tokens=32)
+            assert counts["requests"] >= 16, counts
+            try:
+                prom.wait_for(both, timeout=30)
+                break
+            except TimeoutError:
+                if attempt == 2:
+                    state = prom.query('vllm_spark_knee_verdict == 1 or vllm_spark_knee_fit_samples '
+                                       'or vllm_spark_knee_batch_size or vllm_spark_capacity_streams')
+                    pytest.fail(f"no capacity at {floor:g} tok/s from both instances after 3 loads; "
+                                f"fit state: {[(s['metric'], s['value'][1]) for s in state]}")
         time.sleep(2)
         at = time.time() - 1  # one evaluation instant for every query
         exprs = _panel_exprs(a.model)

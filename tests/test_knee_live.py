@@ -10,6 +10,7 @@ import pytest
 
 from scrape import scrape, value
 from vllm_spark_plugin import cli
+from vllm_spark_plugin.settings import Settings
 
 pytestmark = pytest.mark.server
 P = "vllm_spark_"
@@ -31,7 +32,7 @@ def sweep(vllm_server, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ramp(sweep, vllm_server):
-    time.sleep(3.0)  # one refit interval (2 s) after the ramp
+    time.sleep(Settings().knee_refit_seconds + 1.0)  # one refit interval after the ramp
     return scrape(vllm_server.metrics_url)
 
 

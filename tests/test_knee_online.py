@@ -38,7 +38,7 @@ def feed(est, clock, rng, alpha, beta, n, dt=0.05, gamma=0.0, prefill_frac=0.0, 
 def test_constructor_defaults_match_the_documented_api():
     sig = inspect.signature(OnlineKneeEstimator)
     d = {k: v.default for k, v in sig.parameters.items()}
-    assert d["window"] == 4096 and d["halflife_seconds"] == 600.0 and d["refit_seconds"] == 2.0
+    assert d["window"] == 4096 and d["halflife_seconds"] == 600.0 and d["refit_seconds"] == 10.0
     assert tuple(d["floors"]) == (20.0,) and d["clock"] is time.monotonic
     obs = inspect.signature(OnlineKneeEstimator.observe).parameters
     assert list(obs) == ["self", "batch", "prefill_tokens", "step_seconds", "tokens_per_stream"]

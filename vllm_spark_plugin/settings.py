@@ -28,7 +28,7 @@ class Settings:
     # online knee estimator: steps kept, and the half-life that forgets old steps
     knee_window: int = 4096
     knee_halflife_seconds: float = 600.0
-    knee_refit_seconds: float = 2.0
+    knee_refit_seconds: float = 10.0
     # offline capacity profile (written by `vllm-spark bench`) shown beside the live knee
     profile: str = ""
     # hardware telemetry (NVML, /proc) sampling period

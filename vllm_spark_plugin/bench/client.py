@@ -132,7 +132,8 @@ class OpenAIStreamClient:
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> "OpenAIStreamClient":
-        connector = aiohttp.TCPConnector(limit=self.max_connections, ttl_dns_cache=300)
+        # Idle connections are dropped before uvicorn's 5 s keep-alive timeout (vLLM's default) ends them.
+        connector = aiohttp.TCPConnector(limit=self.max_connections, ttl_dns_cache=300, keepalive_timeout=4)
         self._session = aiohttp.ClientSession(connector=connector, timeout=self.timeouts.client_timeout(),
                                               headers=self.headers, auto_decompress=False)
         self._live: set[_Live] = set()
@@ -177,6 +178,14 @@ class OpenAIStreamClient:
         body.update(self.extra_body)
         return body
 
+    async def _post(self, body: bytes) -> aiohttp.ClientResponse:
+        """POST `body`; retried once when the server had already closed the kept-alive connection
+        it went out on (the request never reached the server: no response began)."""
+        try:
+            return await self._session.post(self.url, data=body, headers={"Content-Type": "application/json"})
+        except aiohttp.ServerDisconnectedError:
+            return await self._session.post(self.url, data=body, headers={"Content-Type": "application/json"})
+
     async def stream(self, prompt: Prompt, max_tokens: int, temperature: float = 0.0,
                      chunk_times: list[float] | None = None,
                      start_event: asyncio.Event | None = None) -> StreamResult:
@@ -204,8 +213,7 @@ class OpenAIStreamClient:
         live = _Live(start, asyncio.current_task())
         self._live.add(live)
         try:
-            async with self._session.post(self.url, data=body,
-                                          headers={"Content-Type": "application/json"}) as resp:
+            async with await self._post(body) as resp:
                 if resp.status != 200:
                     text = (await resp.text())[:300]
                     error = f"HTTP {resp.status}: {_error_message(text)}"

@@ -73,9 +73,15 @@ async def run_wave(client: OpenAIStreamClient, prompts: PromptFactory, workload:
 async def run_closed_loop(client: OpenAIStreamClient, prompts: PromptFactory, workload: Workload,
                           concurrency: int, requests: int | None, duration: float | None
                           ) -> tuple[list[StreamResult], float]:
-    """Keep `concurrency` requests in flight until `requests` were sent or `duration` passed."""
+    """Keep `concurrency` requests in flight until `requests` were sent or `duration` passed.
+
+    With a request count, every prompt is built before the clock starts (as `vllm bench serve`
+    does): exact-length tokenizer prompts cost milliseconds of client CPU each, which would
+    otherwise sit between one request's end and the next one's start."""
     results: list[StreamResult] = []
     issued = 0
+    ready = ([prompts.prompt(workload, i, client.token_ids_allowed) for i in range(requests)]
+             if requests is not None else None)
     t0 = time.perf_counter()
     stop_at = t0 + duration if duration else None
 
@@ -84,8 +90,8 @@ async def run_closed_loop(client: OpenAIStreamClient, prompts: PromptFactory, wo
         while (requests is None or issued < requests) and (stop_at is None or time.perf_counter() < stop_at):
             index = issued
             issued += 1
-            results.append(await client.stream(prompts.prompt(workload, index, client.token_ids_allowed),
-                                               workload.output_tokens, workload.temperature))
+            prompt = ready[index] if ready is not None else prompts.prompt(workload, index, client.token_ids_allowed)
+            results.append(await client.stream(prompt, workload.output_tokens, workload.temperature))
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     return results, time.perf_counter() - t0

@@ -50,7 +50,7 @@ class OnlineKneeEstimator:
     most every `refit_seconds` and returns the cached result in between.
     """
 
-    def __init__(self, window: int = 4096, halflife_seconds: float = 600.0, refit_seconds: float = 2.0,
+    def __init__(self, window: int = 4096, halflife_seconds: float = 600.0, refit_seconds: float = 10.0,
                  floors: Iterable[float] = (20.0,), clock: Callable[[], float] = time.monotonic,
                  *, bootstrap: int = 0, seed: int = 0, min_samples: int = MIN_STEP_SAMPLES) -> None:
         if not (isinstance(window, int) and window >= 2):
