@@ -1,6 +1,6 @@
 """Peer cross-check on the same CPU vLLM server: `vllm bench serve` vs this tool's closed-loop mode,
 same load: 128-token random text prompts built with the model's tokenizer, 64 output tokens with
-ignore_eos, the same request count, at --max-concurrency 1 and 8, each client in its own process on
+ignore_eos, greedy sampling, the same request count, at --max-concurrency 1 and 8, each client in its own process on
 the plain asyncio event loop.  Output throughput must agree within 10%, median TTFT within 20%.
 
 Both sides define output throughput the same way here (output tokens / wall time of the run:
@@ -62,7 +62,8 @@ def run_vllm_bench(server, c: int, out: Path) -> dict:
            "--model", server.model, "--tokenizer", str(server.model_path), "--dataset-name", "random",
            "--random-input-len", str(INPUT_LEN), "--random-output-len", str(OUTPUT_LEN),
            "--num-prompts", str(REQUESTS[c]), "--max-concurrency", str(c), "--num-warmups", str(c),
-           "--ignore-eos", "--disable-tqdm", "--save-result", "--result-dir", str(out),
+           "--ignore-eos", "--temperature", "0",  # greedy, as this tool's random workload asks
+           "--disable-tqdm", "--save-result", "--result-dir", str(out),
            "--result-filename", "result.json", "--save-detailed"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
