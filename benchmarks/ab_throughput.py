@@ -24,7 +24,6 @@ import argparse
 import csv
 import json
 import math
-import os
 import statistics
 import subprocess
 import sys
@@ -33,7 +32,7 @@ from pathlib import Path
 
 import psutil
 
-from vllm_spark_plugin.testbed.server import VllmServer
+from vllm_spark_plugin.testbed.server import VllmServer, prioritize_client
 from vllm_spark_plugin.testbed.tiny_model import SERVED_NAME, ensure_tiny_model
 
 ROLES = ("api_server", "engine_core", "worker")
@@ -135,10 +134,7 @@ def main(argv=None) -> int:
         for s in servers.values():
             s.start(timeout=900)
             s.prioritize_frontend()  # token timings as they happen on 2 cores (see VllmServer)
-        try:
-            os.setpriority(os.PRIO_PROCESS, 0, -10)  # the load processes inherit it
-        except OSError:
-            pass
+        prioritize_client()  # the load processes inherit it
         for name, s in servers.items():  # one unmeasured warm-up each
             run_load(s, work / f"warm-{name}", args)
         for i in range(args.rounds):

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="session", autouse=True)
 def _client_priority():
     """Streaming clients in tests time token arrivals: let them preempt the engine's compute."""
-    from load import prioritize_client
+    from vllm_spark_plugin.testbed.server import prioritize_client
     prioritize_client()
 
 

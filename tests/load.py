@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 
 import aiohttp
 
+from vllm_spark_plugin.bench.client import ARRIVAL_GAP_SECONDS
 from vllm_spark_plugin.definitions import StreamTiming
 
 
@@ -33,7 +33,7 @@ async def _one(session, base_url, model, prompt, max_tokens) -> tuple[StreamTimi
                 if first is None:
                     first = now
                     first_tokens = max(1, usage_tokens)
-                if last is None or now - last > 0.0005:
+                if last is None or now - last > ARRIVAL_GAP_SECONDS:
                     arrivals += 1  # distinct arrivals, as the benchmark counts them
                 last = now
     return StreamTiming(output_tokens=usage_tokens, start=start, first_token=first, last_token=last,
@@ -41,14 +41,6 @@ async def _one(session, base_url, model, prompt, max_tokens) -> tuple[StreamTimi
                         first_arrival_tokens=first_tokens), arrivals
 
 
-def prioritize_client(niceness: int = -10) -> bool:
-    """Let this (client) process preempt the engine's compute threads, so token arrivals are timed
-    when they happen (see VllmServer.prioritize_frontend).  Needs root."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, 0, niceness)
-        return True
-    except (PermissionError, OSError):
-        return False
 
 
 def run_streams(base_url: str, model: str, concurrency: int, max_tokens: int = 64,

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_spark_plugin.bench.client import is_bunched
+from vllm_spark_plugin.bench.client import ARRIVAL_GAP_SECONDS, is_bunched
 
 ROOT = Path(__file__).resolve().parent.parent
 INPUT_LEN, OUTPUT_LEN = 128, 64
@@ -70,7 +70,8 @@ def run_vllm_bench(server, c: int, out: Path) -> dict:
     res = json.loads((out / "result.json").read_text())
     assert res["completed"] == REQUESTS[c] and res["total_output_tokens"] == REQUESTS[c] * OUTPUT_LEN
     # The same bunching rule as this tool's (distinct arrivals: chunks more than 0.5 ms apart).
-    bunched = [is_bunched(n, 1 + sum(1 for x in itl if x > 0.0005)) for n, itl in zip(res["output_lens"], res["itls"])]
+    bunched = [is_bunched(n, 1 + sum(1 for x in itl if x > ARRIVAL_GAP_SECONDS))
+               for n, itl in zip(res["output_lens"], res["itls"])]
     return {"output_tps": res["output_throughput"], "ttfts": [t for t, b in zip(res["ttfts"], bunched) if not b]}
 
 

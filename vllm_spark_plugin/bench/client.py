@@ -48,6 +48,8 @@ class StreamResult:
 
 BUNCHED_MIN_TOKENS = 20
 BUNCHED_ARRIVAL_FRACTION = 0.10
+# Where only chunk timestamps are known (not reads), chunks closer than this count as one arrival.
+ARRIVAL_GAP_SECONDS = 0.0005
 
 
 def is_bunched(output_tokens: int, arrivals: int) -> bool:

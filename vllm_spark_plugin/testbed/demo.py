@@ -15,7 +15,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from vllm_spark_plugin.testbed.server import ServerStartError, VllmServer
+from vllm_spark_plugin.testbed.server import ServerStartError, VllmServer, prioritize_client
 from vllm_spark_plugin.testbed.tiny_model import SERVED_NAME, ensure_tiny_model
 
 SHOW = ("vllm_spark_step_batch_size", "vllm_spark_step_duration_seconds", "vllm_spark_ttft_seconds",
@@ -84,11 +84,7 @@ def run(args) -> int:
     # On a small CPU box the engine's compute threads starve the API server and this client, and
     # tokens then arrive in bursts; give both priority when allowed (root).  A Spark needs none of it.
     server.prioritize_frontend()
-    try:
-        import os
-        os.setpriority(os.PRIO_PROCESS, 0, -10)
-    except OSError:
-        pass
+    prioritize_client()
     try:
         print(f"[3/5] sweeping concurrency {args.levels} (seed protocol: waves, warm-up, medians) ...", flush=True)
         rc = cli.main(["bench", "--endpoint", server.base_url, "--model", SERVED_NAME, "--api", "completions",

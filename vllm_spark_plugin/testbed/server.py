@@ -59,6 +59,17 @@ def is_cpu_vllm() -> bool:
         return False
 
 
+def prioritize_client(niceness: int = -10) -> bool:
+    """Let this (client) process, and the processes it starts, preempt the engine's compute threads,
+    so token arrivals are timed when they happen (see VllmServer.prioritize_frontend).  Needs root;
+    returns False when not permitted."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, niceness)
+        return True
+    except (PermissionError, OSError):
+        return False
+
+
 def _normal_priority() -> None:
     """The server and the engine processes it spawns run at normal priority, even when the caller
     (a test client, see VllmServer.prioritize_frontend) raised its own."""
