@@ -6,22 +6,31 @@ lazily started: a run that selects no server test starts none.
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
-from vllm_spark_plugin.testbed.server import VllmServer
-from vllm_spark_plugin.testbed.tiny_model import ensure_tiny_model
-
 ROOT = Path(__file__).resolve().parent.parent
+TIERS = ("unit", "contract", "integration")
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared helpers: `from support.x import ...`
+
+
+def pytest_collection_modifyitems(config, items):
+    """Each test carries the marker of its tier, from the folder it lives in."""
+    for item in items:
+        tier = Path(str(item.fspath)).parent.name
+        if tier in TIERS:
+            item.add_marker(getattr(pytest.mark, tier))
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _client_priority():
+def _client_priority(request):
     """Streaming clients in tests time token arrivals: let them preempt the engine's compute."""
-    from vllm_spark_plugin.testbed.server import prioritize_client
-    prioritize_client()
+    if any(item.get_closest_marker("integration") for item in request.session.items):
+        from vllm_spark_plugin.testbed.server import prioritize_client
+        prioritize_client()
 
 
 @pytest.fixture(scope="session")
@@ -37,10 +46,12 @@ def artifacts_dir() -> Path:
 @pytest.fixture(scope="session")
 def tiny_model_path() -> Path:
     """The tiny model, built once per machine into the user cache (deterministic, atomic)."""
+    from vllm_spark_plugin.testbed.tiny_model import ensure_tiny_model
     return ensure_tiny_model()
 
 
-def _start(model_path, artifacts_dir, name, **kw) -> VllmServer:
+def _start(model_path, artifacts_dir, name, **kw):
+    from vllm_spark_plugin.testbed.server import VllmServer
     server = VllmServer(model_path=str(model_path), log_path=artifacts_dir / f"{name}.log", **kw)
     server.start(timeout=float(os.environ.get("SPARK_TEST_SERVER_TIMEOUT", "900")))
     server.prioritize_frontend()
@@ -49,7 +60,7 @@ def _start(model_path, artifacts_dir, name, **kw) -> VllmServer:
 
 @pytest.fixture(scope="session")
 def otlp_receiver():
-    from otlp_receiver import OtlpReceiver
+    from support.otlp_receiver import OtlpReceiver
     rx = OtlpReceiver().start()
     yield rx
     rx.stop()

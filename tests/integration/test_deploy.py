@@ -22,9 +22,9 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
-from prom import PrometheusProcess, free_port
+from support.prom import PrometheusProcess, free_port
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 ALERTS = ROOT / "alerts"
 COMPOSE_FILES = {

@@ -19,7 +19,7 @@ import pytest
 
 from vllm_spark_plugin.testbed.server import VllmServer
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def points(out: Path) -> list[dict]:

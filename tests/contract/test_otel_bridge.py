@@ -8,7 +8,7 @@ from prometheus_client import REGISTRY
 from vllm.v1.engine import FinishReason
 from vllm.v1.metrics.stats import FinishedRequestStats, IterationStats, SchedulerStats
 
-from otlp_receiver import OtlpReceiver
+from support.otlp_receiver import OtlpReceiver
 from vllm_spark_plugin.metrics.otel_bridge import OtelBridge
 from vllm_spark_plugin.metrics.stat_logger import SparkStatLogger
 

@@ -15,7 +15,7 @@ import yaml
 from vllm_spark_plugin.grafana import rules
 from vllm_spark_plugin.grafana.slo import SLOConfig, SLOError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ALERTS = ROOT / "alerts"
 RULE_FILES = [ALERTS / rules.RECORDING_FILE, ALERTS / rules.ALERTING_FILE]
 TEST_FILES = sorted((ALERTS / "tests").glob("*.yml"))

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from live_load import drive
-from prom import PrometheusProcess
+from support.live_load import drive
+from support.prom import PrometheusProcess
 from vllm_spark_plugin.grafana import dashboards, iter_panel_queries
 from vllm_spark_plugin.grafana import promql as q
 from vllm_spark_plugin.grafana.slo import SLOConfig

@@ -9,9 +9,9 @@ import urllib.request
 
 import pytest
 
-from load import run_streams, run_streams_with_arrivals
+from support.load import run_streams, run_streams_with_arrivals
 from vllm_spark_plugin.bench.client import is_bunched
-from scrape import buckets, delta_buckets, histogram_quantile, scrape, value
+from support.scrape import buckets, delta_buckets, histogram_quantile, scrape, value
 
 pytestmark = pytest.mark.server
 

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from prom import PrometheusProcess, PromQueryError
+from support.prom import PrometheusProcess, PromQueryError
 from vllm_spark_plugin.grafana import cli, dashboards, iter_panel_queries
 from vllm_spark_plugin.grafana.queries import substitute
 from vllm_spark_plugin.grafana.render import dashboard_json
 from vllm_spark_plugin.grafana.slo import SLOConfig
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DASHBOARDS = ROOT / "dashboards"
 SCHEMA_CHECK = ROOT / "tools" / "grafana-schema-check"
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from scrape import scrape, value
+from support.scrape import scrape, value
 from vllm_spark_plugin import cli
 from vllm_spark_plugin.settings import Settings
 

@@ -29,7 +29,7 @@ import pytest
 
 from vllm_spark_plugin.bench.client import ARRIVAL_GAP_SECONDS, is_bunched
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 INPUT_LEN, OUTPUT_LEN = 128, 64
 REQUESTS = {1: 32, 8: 160}  # runs of a few seconds each: a short stall moves a shorter run a lot
 MIN_ROUNDS, MAX_ROUNDS = 3, 8

@@ -24,7 +24,7 @@ from vllm_spark_plugin.bench.fake_server import FakeConfig, FakeServer
 from vllm_spark_plugin.bench.results import CSV_COLUMNS
 from vllm_spark_plugin.cli import main as vllm_spark
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 REQUIRED_COLUMNS = ["row_type", "label", "workload", "endpoint", "model", "mode", "concurrency", "trial",
                     "requests", "completed", "errors", "short_streams", "per_stream_median_tps",
                     "per_stream_min_tps", "per_stream_p10_tps", "aggregate_tps", "ttft_p50_s", "ttft_p90_s",

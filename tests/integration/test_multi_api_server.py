@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from load import run_streams
-from scrape import scrape, value
+from support.load import run_streams
+from support.scrape import scrape, value
 
 pytestmark = pytest.mark.server
 P = "vllm_spark_"

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from live_load import drive
-from prom import PrometheusProcess, PromQueryError
+from support.live_load import drive
+from support.prom import PrometheusProcess, PromQueryError
 from vllm_spark_plugin.grafana import dashboards, iter_panel_queries
 
 pytestmark = pytest.mark.server
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RULE_FILES = [ROOT / "alerts" / "recording.rules.yml", ROOT / "alerts" / "alerting.rules.yml"]
 
 # substring of the query -> why it has no data on the CPU test bed
