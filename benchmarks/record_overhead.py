@@ -4,8 +4,9 @@ Both loggers are fed the same sequence of vLLM stats objects (real `SchedulerSta
 `IterationStats`, `FinishedRequestStats`), made by replaying a continuous-batching schedule with
 N running streams: every step each stream gets a token, requests finish after `--output-len` tokens
 and are replaced at once (so TTFTs and finished requests arrive at the steady-state rate).  The
-scheduler-hook entries the engine core adds are included, as in production.  Each logger gets its own
-copy of the stream (the plugin pops its entries), timings are medians of several runs.
+scheduler hook's record for the step (which reaches the plugin on its own channel) is recorded too,
+as in production: the plugin's cost per step is `record()` plus the hook record.  Each logger gets
+its own copy of the stream; timings are medians of several runs.
 
     python benchmarks/record_overhead.py [--streams 1 64 256] [--steps 2000] [--runs 7]
 """
@@ -27,15 +28,11 @@ def make_stats(n: int, steps: int, output_len: int):
     from vllm.v1.engine import FinishReason
     from vllm.v1.metrics.stats import FinishedRequestStats, IterationStats, SchedulerStats
 
-    from vllm_spark_plugin import _vllm
-
     out = []
     finish_acc = 0.0
     for step in range(steps):
         s = SchedulerStats(num_running_reqs=n, num_waiting_reqs=0, kv_cache_usage=min(1.0, n / 512))
-        s.num_kv_fetch_reqs_by_stage.update({
-            _vllm.K_STEP_US: 20_000 + 150 * n, _vllm.K_PREFILL_REQS: 0, _vllm.K_PREFILL_TOKENS: 0,
-            _vllm.K_DECODE_REQS: n, _vllm.K_DECODE_TOKENS: n, _vllm.K_KV_FREE: 4096 - 4 * n, _vllm.K_KV_TOTAL: 4097})
+        hook = (0, 20_000 + 150 * n, 0, 0, n, n, 4096 - 4 * n, 4097, -1)
         it = IterationStats()
         it.num_generation_tokens = n
         it.inter_token_latencies_iter = [0.02 + 0.00015 * n] * n
@@ -51,7 +48,7 @@ def make_stats(n: int, steps: int, output_len: int):
             it.time_to_first_tokens_iter.append(0.11)
             it.max_num_generation_tokens_iter.append(output_len)
             it.n_params_iter.append(1)
-        out.append((s, it))
+        out.append((s, it, hook))
     return out
 
 
@@ -61,9 +58,12 @@ def vllm_config(model: str):
 
 
 def time_logger(logger, stats) -> float:
+    on_step = getattr(logger, "_on_step", None)  # the plugin: the hook's record of the same step
     t0 = time.perf_counter_ns()
-    for s, it in stats:
+    for s, it, hook in stats:
         logger.record(s, it, None, 0)
+        if on_step is not None:
+            on_step(hook)
     return (time.perf_counter_ns() - t0) / len(stats) / 1000.0  # us per step
 
 
@@ -78,7 +78,7 @@ def main(argv=None) -> int:
 
     from vllm.v1.metrics.loggers import PrometheusStatLogger
 
-    from vllm_spark_plugin.metrics.stat_logger import SparkStatLogger
+    from vllm_spark_plugin.hooks.stat_logger import SparkStatLogger
     from vllm_spark_plugin.testbed.tiny_model import ensure_tiny_model
 
     cfg = vllm_config(str(ensure_tiny_model()))

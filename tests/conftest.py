@@ -14,6 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 TIERS = ("unit", "contract", "integration")
+UNREADABLE_KERNEL_LOG = "/nonexistent/kmsg"  # the main server's kernel-log source: missing on purpose
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared helpers: `from support.x import ...`
 
 
@@ -70,11 +71,15 @@ def otlp_receiver():
 def vllm_server(tiny_model_path, artifacts_dir, otlp_receiver):
     """The main CPU `vllm serve` with the plugin (shared by every server test).
 
-    Its OpenTelemetry bridge is on, exporting to a real OTLP/HTTP receiver every 2 s.
+    Its OpenTelemetry bridge is on, exporting to a real OTLP/HTTP receiver every 2 s.  Its latency SLO
+    (TTFT 1 s, floors 20 and 100 tok/s) makes requests past capacity miss (test_slo_e2e.py).
     """
     server = _start(tiny_model_path, artifacts_dir, "vllm-server-main",
                     env={"SPARK_PLUGIN_OTEL_ENDPOINT": otlp_receiver.endpoint,
-                         "SPARK_PLUGIN_OTEL_INTERVAL_SECONDS": "2"})
+                         "SPARK_PLUGIN_OTEL_INTERVAL_SECONDS": "2",
+                         "SPARK_PLUGIN_TTFT_SLO_SECONDS": "1", "SPARK_PLUGIN_FLOORS": "20,100",
+                         # an unreadable kernel log, as in a container (test_memory_live.py)
+                         "SPARK_PLUGIN_KERNEL_LOG": UNREADABLE_KERNEL_LOG})
     yield server
     server.stop()
 

@@ -17,8 +17,8 @@ def register() -> None:
     _registered = True
     try:
         _adopt_vllm_logging()
-        from vllm_spark_plugin import plugin
-        plugin.register_all()
+        from vllm_spark_plugin.hooks import registration
+        registration.register_all()
     except Exception as exc:  # never take vLLM down over the plugin
         import logging
         logging.getLogger("vllm_spark_plugin").warning(

@@ -8,7 +8,12 @@ sides agree by construction (seed 003, "Measurement protocol"):
 * aggregate throughput = sum over streams of (output tokens - 1) /
   (latest last token - earliest first token); it is not concurrency x median stream rate;
 * TTFT (queueing + prefill) is reported separately;
-* capacity reference: the highest concurrency whose median per-stream rate is >= 20 tok/s.
+* capacity reference: the highest concurrency whose median per-stream rate is >= 20 tok/s;
+* latency SLO (`slo_outcome`): a request meets it when its TTFT is within the TTFT SLO and its
+  per-stream decode rate is at least the floor; a request with no decode rate (fewer than 2 output
+  tokens, or every token delivered with the first) is judged on TTFT alone, and a request that
+  produced no token missed its TTFT.  Attainment = met / judged requests; goodput = output tokens of
+  the requests that met the SLO per second.
 """
 from __future__ import annotations
 
@@ -140,3 +145,105 @@ def capacity_at_floor(points: Sequence[SweepPoint], floor: float = DEFAULT_FLOOR
             continue
         best = p.concurrency if best is None else max(best, p.concurrency)
     return best
+
+
+# --------------------------------------------------------------------------------------------------
+# Latency SLO: one classification for the exporter (per finished request) and the benchmark (per
+# streamed request).
+SLO_MET = "met"
+SLO_MISSED_TTFT = "missed_ttft"
+SLO_MISSED_RATE = "missed_rate"
+SLO_MISSED_BOTH = "missed_both"
+SLO_OUTCOMES = (SLO_MET, SLO_MISSED_TTFT, SLO_MISSED_RATE, SLO_MISSED_BOTH)
+
+
+def slo_outcome(ttft_seconds: float | None, decode_rate: float | None,
+                ttft_slo_seconds: float | None, floor_tokens_per_second: float | None) -> str:
+    """met / missed_ttft / missed_rate / missed_both for one request.
+
+    * TTFT is met when `ttft_seconds <= ttft_slo_seconds` (a bound of None is no bound); a request
+      with no first token (`ttft_seconds` None) missed it;
+    * the rate is met when `decode_rate >= floor_tokens_per_second` (None floor: no bound);
+      `decode_rate` None means the request has no decode rate (fewer than 2 output tokens, or its
+      tokens came all at once): it is judged on TTFT alone.
+    """
+    ttft_ok = _finite(ttft_seconds) and (ttft_slo_seconds is None or ttft_seconds <= ttft_slo_seconds)
+    rate_ok = (decode_rate is None or floor_tokens_per_second is None
+               or (_finite(decode_rate) and decode_rate >= floor_tokens_per_second))
+    if ttft_ok:
+        return SLO_MET if rate_ok else SLO_MISSED_RATE
+    return SLO_MISSED_TTFT if rate_ok else SLO_MISSED_BOTH
+
+
+@dataclass(frozen=True)
+class LatencySLO:
+    """A latency SLO as the benchmark applies it: TTFT bound, per-stream floor, optional end-to-end
+    bound (request sent to last token; the exporter has no end-to-end bound)."""
+
+    ttft_seconds: float | None = None
+    floor_tokens_per_second: float | None = None
+    e2e_seconds: float | None = None
+    target: float = 0.99  # attainment a point must reach to count as meeting the SLO
+
+    def outcome(self, s: "StreamTiming") -> str:
+        """TTFT/rate outcome of a streamed request (the end-to-end bound is judged by `met`)."""
+        if s.error is not None or s.first_token is None or s.output_tokens < 1:
+            return slo_outcome(None, None, self.ttft_seconds, self.floor_tokens_per_second)
+        return slo_outcome(s.ttft, s.decode_rate, self.ttft_seconds, self.floor_tokens_per_second)
+
+    def e2e_ok(self, s: "StreamTiming") -> bool:
+        if self.e2e_seconds is None:
+            return True
+        return s.error is None and s.last_token is not None and s.last_token - s.start <= self.e2e_seconds
+
+    def met(self, s: "StreamTiming") -> bool:
+        return self.outcome(s) == SLO_MET and self.e2e_ok(s)
+
+
+@dataclass
+class SLOTally:
+    """Per-outcome counts of requests and of their output tokens; attainment and goodput."""
+
+    requests: dict = field(default_factory=lambda: dict.fromkeys(SLO_OUTCOMES, 0))
+    tokens: dict = field(default_factory=lambda: dict.fromkeys(SLO_OUTCOMES, 0))
+    met: int = 0             # met the TTFT/rate SLO and the end-to-end bound, if any
+    met_tokens: int = 0
+    missed_e2e: int = 0      # met TTFT and rate but not the end-to-end bound
+
+    def add(self, slo: LatencySLO, s: "StreamTiming") -> None:
+        o = slo.outcome(s)
+        tokens = s.output_tokens if s.error is None else 0
+        self.requests[o] += 1
+        self.tokens[o] += tokens
+        if o == SLO_MET:
+            if slo.e2e_ok(s):
+                self.met += 1
+                self.met_tokens += tokens
+            else:
+                self.missed_e2e += 1
+
+    @property
+    def total(self) -> int:
+        return sum(self.requests.values())
+
+    @property
+    def attainment(self) -> float | None:
+        """Share of the requests that met the SLO; None without requests."""
+        return self.met / self.total if self.total else None
+
+    def goodput(self, seconds: float) -> float | None:
+        """Output tokens of the requests that met the SLO, per second of wall time."""
+        return self.met_tokens / seconds if seconds > 0 and self.total else None
+
+
+def slo_tally(slo: LatencySLO, streams: Iterable["StreamTiming"]) -> SLOTally:
+    t = SLOTally()
+    for s in streams:
+        t.add(slo, s)
+    return t
+
+
+def highest_concurrency_meeting(points: Iterable[tuple[float, float | None]], target: float) -> float | None:
+    """Highest concurrency whose attainment is >= target; `points` are (concurrency, attainment)."""
+    ok = [c for c, a in points if a is not None and a >= target]
+    return max(ok) if ok else None

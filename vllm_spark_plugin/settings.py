@@ -119,3 +119,20 @@ def load(environ=None) -> Settings:
     if unknown:
         log.warning("vllm-spark-plugin: unknown settings ignored: %s", ", ".join(sorted(unknown)))
     return Settings(**out, extra=unknown)
+
+
+_current: Settings | None = None
+
+
+def current() -> Settings:
+    """The process's one settings instance: loaded (and its problems logged) once, on first use."""
+    global _current
+    if _current is None:
+        _current = load()
+    return _current
+
+
+def reset_current() -> None:
+    """Forget the loaded settings (tests that change the environment)."""
+    global _current
+    _current = None

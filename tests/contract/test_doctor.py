@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from vllm_spark_plugin import doctor
+from vllm_spark_plugin.vllm.capabilities import Capability
 from vllm_spark_plugin.quant import memory_guard
 
 GIB = 1 << 30
@@ -27,9 +28,13 @@ def spark_meminfo(tmp_path, available_gib: float, total_gib: float = 119.7):
     return str(p)
 
 
+def all_on():
+    return {n: Capability(n, True, "as expected") for n in ("step_hook", "stat_logger", "nvfp4_config", "moe_policy")}
+
+
 def gb10_probe(meminfo: str, imports=None, cap=(12, 1)) -> doctor.Probe:
     return doctor.Probe(
-        vllm_version=lambda: "0.32.0", is_supported=lambda: True, has_cuda=lambda: True,
+        vllm_version=lambda: "0.32.0", in_window=lambda: True, capabilities=all_on, has_cuda=lambda: True,
         device_name=lambda: "NVIDIA GB10", capability=lambda: cap,
         backend_imports=lambda: imports if imports is not None else {
             "marlin": None, "flashinfer_cutlass": None, "b12x": "Python package 'b12x' is not installed",
@@ -87,14 +92,14 @@ def test_model_that_does_not_fit(tmp_path):
     assert "smaller model" in c.fix
 
 
-def test_eager_mode_warns_on_cuda_and_is_info_on_cpu(tmp_path):
+def test_eager_mode_warns_on_cuda_and_does_not_apply_on_cpu(tmp_path):
     serve = doctor.parse_serve_args(["--", "serve", "m", "--enforce-eager", "--gpu-memory-utilization=0.5"])
     assert serve.enforce_eager and serve.gpu_memory_utilization == 0.5 and serve.model == "m"
     c = by_name(doctor.run_checks({}, serve, gb10_probe(spark_meminfo(tmp_path, 110))))["cuda_graphs"]
     assert c.status == doctor.WARN and "drop --enforce-eager" in c.fix
     cpu = gb10_probe(spark_meminfo(tmp_path, 110))
     cpu.has_cuda = lambda: False
-    assert by_name(doctor.run_checks({}, serve, cpu))["cuda_graphs"].status == doctor.INFO
+    assert by_name(doctor.run_checks({}, serve, cpu))["cuda_graphs"].status == doctor.NA
 
 
 def test_devices_and_backends(tmp_path):
@@ -109,11 +114,15 @@ def test_devices_and_backends(tmp_path):
 
 def test_vllm_version_plugin_allow_list_and_settings(tmp_path):
     probe = gb10_probe(spark_meminfo(tmp_path, 110))
-    probe.vllm_version, probe.is_supported = (lambda: "0.30.1"), (lambda: False)
+    probe.vllm_version, probe.in_window = (lambda: "0.25.1"), (lambda: False)
+    probe.capabilities = lambda: {**all_on(), "step_hook": Capability("step_hook", False, "SchedulerOutput lacks x")}
     checks = by_name(doctor.run_checks({"VLLM_PLUGINS": "other", "SPARK_PLUGIN_MOE_BACKEND": "triton",
                                         "VLLM_TUNED_CONFIG_FOLDER": str(tmp_path / "nope")},
                                        doctor.ServeArgs(gpu_memory_utilization=0.5), probe))
-    assert checks["vllm"].status == doctor.FAIL and "0.30.1" in checks["vllm"].detail
+    assert checks["vllm"].status == doctor.WARN and "0.25.1 is outside the checked release window" in checks["vllm"].detail
+    off = checks["feature:step_hook"]
+    assert off.status == doctor.FAIL and "SchedulerOutput lacks x" in off.detail and "step duration" in off.detail
+    assert checks["feature:stat_logger"].status == doctor.OK
     assert checks["plugin"].status == doctor.FAIL and "add spark to VLLM_PLUGINS" in checks["plugin"].fix
     assert checks["moe_setting"].status == doctor.FAIL and "marlin" in checks["moe_setting"].detail
     assert checks["tuned_configs"].status == doctor.FAIL

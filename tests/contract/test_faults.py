@@ -15,7 +15,7 @@ from vllm.v1.engine import FinishReason
 from vllm.v1.metrics.stats import FinishedRequestStats, IterationStats, SchedulerStats
 
 from vllm_spark_plugin.metrics import exporter as exporter_mod
-from vllm_spark_plugin.metrics.stat_logger import SparkStatLogger
+from vllm_spark_plugin.hooks.stat_logger import SparkStatLogger
 
 
 def cfg(blocks=101, name="fault-model"):
@@ -52,7 +52,6 @@ BROKEN = [
     ("NaN", SchedulerStats(num_running_reqs=math.nan, kv_cache_usage=math.nan), None),
     ("negative", SchedulerStats(num_running_reqs=-3, num_waiting_reqs=-1, kv_cache_usage=-0.5), None),
     ("strings", SchedulerStats(num_running_reqs="4", kv_cache_usage="x"), None),
-    ("carried dict is not a dict", SchedulerStats(num_kv_fetch_reqs_by_stage=7), None),
 ]
 
 
@@ -64,6 +63,16 @@ def test_broken_scheduler_stats_are_contained_and_counted(logger, what, sched, i
     assert errors_total() > before, what
     good_step(logger)  # serving continues: the next good step is recorded
     assert sample("vllm_spark_generation_tokens_total", model_name="fault-model", engine="0") == gen_before + 5
+
+
+def test_broken_hook_records_are_contained_and_counted(logger):
+    """A scheduler-hook record with impossible values (a step of negative length, a negative batch)."""
+    before = errors_total()
+    logger._on_step((0, -5, -1, 0, 2, 2, -1, 0, -1))
+    assert errors_total() > before
+    steps = sample("vllm_spark_step_duration_seconds_count", model_name="fault-model", engine="0")
+    logger._on_step((0, 20_000, 0, 0, 2, 2, 50, 101, -1))  # the next good record is recorded
+    assert sample("vllm_spark_step_duration_seconds_count", model_name="fault-model", engine="0") == steps + 1
 
 
 def test_broken_request_stats(logger):

@@ -2,7 +2,7 @@
 
 Fakes, at the kernel seam only (no GB10 here): the device capability and the availability map are
 passed in as data, and a "kernel" is a runner function `problem -> output` standing in for
-`_vllm.nvfp4_moe_runner`.  The fake kernels compute real MoE outputs on the CPU (correct ones via
+`vllm.kernels.nvfp4_moe_runner`.  The fake kernels compute real MoE outputs on the CPU (correct ones via
 the reference math, broken ones by corrupting the weights' nibble order or raising), so the
 self-check's comparison against vLLM's reference dequantiser runs for real.
 """
@@ -17,7 +17,7 @@ import sys
 import pytest
 import torch
 
-from vllm_spark_plugin import _vllm
+from vllm_spark_plugin.vllm import kernels, platform
 from vllm_spark_plugin.moe import policy, selfcheck, startup
 from vllm_spark_plugin.quant import nvfp4
 
@@ -30,7 +30,7 @@ def problem() -> selfcheck.MoEProblem:
 
 
 def vllm_dequant(packed, scale, scale_2, dtype):
-    return _vllm.vllm_reference_dequantize(packed, scale, scale_2, dtype)
+    return kernels.vllm_reference_dequantize(packed, scale, scale_2, dtype)
 
 
 # ---- fake kernels (the seam) ---------------------------------------------------------------------
@@ -45,7 +45,7 @@ def correct_w4a4(problem):
 
     def act_quant(t, e, which):
         s = (problem.a13_scale if which == "a13" else problem.a2_scale)[e]
-        return _vllm.vllm_reference_quant_dequant(t.to(torch.bfloat16), (1.0 / s).reshape(()))
+        return kernels.vllm_reference_quant_dequant(t.to(torch.bfloat16), (1.0 / s).reshape(()))
 
     return selfcheck.moe_forward(problem.x, w13, w2, problem.topk_weights, problem.topk_ids, act_quant,
                                  compute_dtype=torch.float32).to(torch.bfloat16)
@@ -249,21 +249,21 @@ class _MoeConfig:
 
 @pytest.mark.parametrize("tp", [1, 2])
 def test_startup_glue_on_a_simulated_gb10(monkeypatch, tmp_path, tp):
-    """The start-up glue with the device and the kernels faked at their seams (`_vllm.has_cuda`,
+    """The start-up glue with the device and the kernels faked at their seams (`platform.has_cuda`,
     `device_capability`, backend availability, `nvfp4_moe_runner`); the self-check and vLLM's
     reference dequantiser run for real."""
     monkeypatch.setenv(policy.STATE_ENV, str(tmp_path / "s.json"))
     monkeypatch.setenv("SPARK_PLUGIN_MOE_BACKEND", "")
-    monkeypatch.setattr(_vllm, "has_cuda", lambda: True)
-    monkeypatch.setattr(_vllm, "device_capability", lambda: (12, 1))
-    monkeypatch.setattr(_vllm, "nvfp4_moe_backend_availability", lambda cfg, a16, names: dict(ALL_AVAILABLE))
+    monkeypatch.setattr(platform, "has_cuda", lambda: True)
+    monkeypatch.setattr(platform, "device_capability", lambda: (12, 1))
+    monkeypatch.setattr(kernels, "nvfp4_moe_backend_availability", lambda cfg, a16, names: dict(ALL_AVAILABLE))
     built = []
 
     def runner(name, moe_config, quant_config):
         built.append(name)
         return swapped_nibbles if name == "marlin" else (correct_w4a4 if name in policy.W4A4_BACKENDS else correct_w4a16)
 
-    monkeypatch.setattr(_vllm, "nvfp4_moe_runner", runner)
+    monkeypatch.setattr(kernels, "nvfp4_moe_runner", runner)
     startup.reset()
     try:
         d = startup.decide_once(_MoeConfig(tp), type("Q", (), {"quant_method": "NVFP4"})())

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_spark_plugin import _vllm
+from vllm_spark_plugin.vllm import kernels
 from vllm_spark_plugin.moe import tune, tuned_configs
 
 NAME = "E=8,N=64,device_name=NVIDIA_GB10.json"
@@ -64,7 +64,7 @@ def test_vllm_reads_the_merged_folder(tmp_path, monkeypatch):
     """vLLM's own lookup (get_moe_configs) finds the plugin's file through the variable."""
     from vllm.model_executor.layers.fused_moe import fused_moe
 
-    name = _vllm.fused_moe_config_file_name(8, 64, None)
+    name = kernels.fused_moe_config_file_name(8, 64, None)
     tuned = tmp_path / "tuned"
     _write(tuned, name, {"1": {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1,
                                "num_warps": 4, "num_stages": 2}, "triton_version": "3.5.0"})
@@ -123,7 +123,7 @@ def test_shape_from_model(tiny_model_path, tmp_path):
 
 
 def test_write_configs_uses_vllms_file_name(tmp_path):
-    name = _vllm.fused_moe_config_file_name(8, 64, "fp8_w8a8")
+    name = kernels.fused_moe_config_file_name(8, 64, "fp8_w8a8")
     assert name.startswith("E=8,N=64,device_name=") and name.endswith(",dtype=fp8_w8a8.json")
     p = tune.write_configs(tmp_path, name, {2: {"BLOCK_SIZE_M": 16}, 1: {"BLOCK_SIZE_M": 32}}, "3.5.0")
     data = json.loads(p.read_text())

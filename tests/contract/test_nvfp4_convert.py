@@ -70,10 +70,10 @@ def test_quant_config_is_what_vllm_parses(converted):
         assert not parsed.is_layer_excluded("model.layers.1.mlp.experts")
         assert not parsed.is_layer_excluded("model.layers.0.self_attn.qkv_proj")
     # vLLM's detection probes the plugin's claim first; on this CPU machine it claims the checkpoint
-    from vllm_spark_plugin import _vllm
+    from vllm_spark_plugin.hooks import nvfp4_claim
     from vllm.model_executor.layers.quantization import get_quantization_config
-    _vllm.register_nvfp4_quantization()
-    claim = get_quantization_config(_vllm.SPARK_NVFP4)
+    nvfp4_claim.register_nvfp4_quantization()
+    claim = get_quantization_config(nvfp4_claim.SPARK_NVFP4)
     assert claim.override_quantization_method(embedded, None) == "spark_nvfp4"
     assert claim.override_quantization_method(embedded, "modelopt_fp4") is None  # the user's choice stands
     assert claim.override_quantization_method({"quant_method": "fp8"}, None) is None

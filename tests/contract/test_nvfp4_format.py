@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_spark_plugin import _vllm
+from vllm_spark_plugin.vllm import kernels
 from vllm_spark_plugin.quant import nvfp4
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -136,12 +136,12 @@ def test_bad_shapes_and_scales_rejected():
 
 
 def test_vllm_reference_accessors_in_vllm_module_agree():
-    """The `_vllm` accessors the self-check uses are vLLM's reference functions."""
+    """The port's accessors the self-check uses are vLLM's reference functions."""
     x = torch.randn(8, 64).to(torch.bfloat16)
     gs = nvfp4.global_scale_from_amax(nvfp4.amax(x))
-    vals, scales = _vllm.vllm_reference_quantize(x, gs)
+    vals, scales = kernels.vllm_reference_quantize(x, gs)
     codes, ours = nvfp4.quantize(x, gs)
     _assert_same_bits(nvfp4.decode(codes), vals)
     packed = nvfp4.pack(codes)
-    _assert_same_bits(_vllm.vllm_reference_dequantize(packed, ours, 1.0 / gs, torch.bfloat16),
+    _assert_same_bits(kernels.vllm_reference_dequantize(packed, ours, 1.0 / gs, torch.bfloat16),
                       nvfp4.dequantize(packed, ours, 1.0 / gs))

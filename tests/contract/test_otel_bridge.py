@@ -10,7 +10,7 @@ from vllm.v1.metrics.stats import FinishedRequestStats, IterationStats, Schedule
 
 from support.otlp_receiver import OtlpReceiver
 from vllm_spark_plugin.metrics.otel_bridge import OtelBridge
-from vllm_spark_plugin.metrics.stat_logger import SparkStatLogger
+from vllm_spark_plugin.hooks.stat_logger import SparkStatLogger
 
 
 def test_bridge_exports_the_same_instruments():

@@ -1,6 +1,7 @@
 """Reading a real /metrics endpoint in tests."""
 from __future__ import annotations
 
+import time
 import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -55,3 +56,14 @@ def histogram_quantile(q: float, cum: dict[float, float]) -> float | None:
             return prev_le + (le - prev_le) * (rank - prev_c) / (c - prev_c)
         prev_le, prev_c = le, c
     return items[-1][0]
+
+
+def wait_idle(metrics_url: str, timeout: float = 60.0) -> dict:
+    """Scrape until the plugin reports no running and no waiting request; the idle scrape."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        s = scrape(metrics_url)
+        if value(s, "vllm_spark_running_requests") == 0 and value(s, "vllm_spark_waiting_requests") == 0:
+            return s
+        time.sleep(0.2)
+    raise AssertionError("server did not go idle")

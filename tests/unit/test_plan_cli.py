@@ -62,13 +62,16 @@ def test_config_json_path_and_calibration_roundtrip(tmp_path):
     cal = tmp_path / "cal.json"
     plan("--model", "Qwen3.6-35B-A3B", "--calibrate-point", "1:40.715", "--calibrate-point", "64:557.471",
          "--save-calibration", str(cal), "--json", check_rc=0)
-    assert json.loads(cal.read_text())["fitted"] == ["bandwidth", "overhead"]
+    saved = json.loads(cal.read_text())
+    assert saved["version"] == 2 and saved["model"]["name"] == "Qwen3.6-35B-A3B"
+    assert {"bandwidth", "overhead[vllm]", "skew[Qwen3.6-35B-A3B]"} <= set(saved["fitted"])
     hw = tmp_path / "box.json"
     hw.write_text(json.dumps({"name": "box", "memory_bytes": 64e9, "bandwidth_nominal_bytes_per_second": 500e9,
                               "compute_flops_per_second": {"bf16": 200e12}}))
     doc = json.loads(plan("--model", str(cfg), "--hardware", str(hw), "--calibration", str(cal), "--json",
                           check_rc=0).stdout)
     assert doc["calibration"]["source"] == "calibration file"
+    assert doc["calibration"]["model_factors"] is None  # the Qwen3.6 factors stay with Qwen3.6
     assert doc["model"]["layers"]["total"] == 16
     assert doc["hardware"]["name"] == "box" and doc["memory"]["memory_bytes"] == 64e9
     # a calibration fitted on gb10 applied to another box is allowed, with a warning
@@ -94,6 +97,11 @@ def test_multi_spark_fleet():
     (["--model", "Llama-3.1-8B", "--component-format", "lm_head=fp3"], "unknown weight format 'fp3'"),
     (["--model", "Llama-3.1-8B", "--sparks", "3", "--tp", "2"], "not a multiple of tp*pp"),
     (["--model", "Llama-3.1-8B", "--calibration", "/nonexistent/cal.json"], "calibration file not found"),
+    (["--model", "Llama-3.1-8B", "--expert-parallel"], "expert parallelism needs"),
+    (["--model", "Qwen3.6-35B-A3B", "--spec-tokens", "1", "--spec-acceptance-length", "3"],
+     "acceptance length must lie in [1, 2]"),
+    (["--model", "Qwen3.6-35B-A3B", "--spec-acceptance-length", "1.8"], "need --spec-tokens"),
+    (["--model", "Qwen3.6-35B-A3B", "--spec-tokens", "2", "--spec-method", "draft"], "draft model needs its cost"),
 ])
 def test_bad_input_exits_2_with_a_clear_message(args, message):
     proc = plan(*args, check_rc=2)
@@ -105,6 +113,9 @@ def test_bad_input_exits_2_with_a_clear_message(args, message):
     (["--model", "Llama-3.1-8B", "--tp", "0"], "expected a positive integer, got '0'"),
     (["--model", "Llama-3.1-8B", "--weight-format", "int3"], "invalid choice: 'int3'"),
     (["--model", "Llama-3.1-8B", "--concurrency", "1,x"], "comma-separated positive integers"),
+    (["--model", "Llama-3.1-8B", "--engine", "ollama"], "invalid choice: 'ollama'"),
+    (["--model", "Llama-3.1-8B", "--moe-backend", "cuda"], "invalid choice: 'cuda'"),
+    (["--model", "Llama-3.1-8B", "--routing-skew", "-1"], "expected a number >= 0"),
 ])
 def test_bad_argument_exits_2(args, message):
     proc = plan(*args, check_rc=2)
@@ -118,3 +129,19 @@ def test_bad_config_content(tmp_path):
     assert "hidden_size" in proc.stderr
     cfg.write_text("{not json")
     assert "not valid JSON" in plan("--model", str(cfg), check_rc=2).stderr
+
+
+def test_serving_options_move_the_prediction_the_published_way():
+    """--enforce-eager slows decode, MTP speeds up one stream, llama.cpp's lower overhead speeds it up."""
+    def rate(model, *extra):
+        doc = json.loads(plan("--model", model, "--concurrency", "1", "--json", *extra, check_rc=0).stdout)
+        return doc["curve"][0]["aggregate_tokens_per_second"], doc
+    base, doc = rate("gpt-oss-120b", "--weight-format", "mxfp4")
+    assert doc["inputs"]["serving"]["engine"] == "vllm" and doc["step_model"]["routing_skew"] > 0
+    assert rate("gpt-oss-120b", "--weight-format", "mxfp4", "--enforce-eager")[0] < 0.6 * base  # published 59 -> 26
+    assert rate("gpt-oss-120b", "--weight-format", "mxfp4", "--engine", "llama.cpp")[0] > base
+    # one stream: the routing skew cannot matter
+    assert rate("gpt-oss-120b", "--weight-format", "mxfp4", "--routing-skew", "0")[0] == pytest.approx(base)
+    # MTP-1 at the published 85 % acceptance: published gains +25 % (Qwen3.5-122B) to about 2x
+    qwen = rate("Qwen3.6-35B-A3B")[0]
+    assert 1.2 * qwen < rate("Qwen3.6-35B-A3B", "--spec-tokens", "1")[0] < 2.0 * qwen

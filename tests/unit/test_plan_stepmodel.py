@@ -86,11 +86,10 @@ def test_tensor_parallel_adds_allreduce_cost():
     one = StepModel(dep("Llama-3.1-8B"))
     two = StepModel(dep("Llama-3.1-8B", tp=2))
     assert two.components(1)["comm"] > 0 and one.components(1)["comm"] == 0
-    # 2 all-reduces per layer x 32 layers = 64 collectives, each latency + ring bytes
-    hw = load_hardware("gb10")
-    b = 8
-    expected = 64 * (hw.link_latency + 2 * (2 - 1) / 2 * 4096 * b * 2 / hw.link_bandwidth)
-    assert two.components(b)["comm"] == pytest.approx(expected)
+    # 2 all-reduces per layer x 32 layers = 64 collectives of 4096 x 8 tokens x 2 bytes = 65536 bytes,
+    # each 24.5 us + 65536 / 1.61 GB/s = 65.2 us on the gb10 link (measured: 67.9 us at 64 KB)
+    assert two.components(8)["comm"] == pytest.approx(64 * (24.5e-6 + 65536 / 1.61e9))
+    assert 64e-6 < 24.5e-6 + 65536 / 1.61e9 < 68e-6
     # half the weights per rank: faster per stream than one Spark
     assert two.per_stream_rate(1) > one.per_stream_rate(1)
 

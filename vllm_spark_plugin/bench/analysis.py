@@ -4,14 +4,15 @@
 The knee and plateau come from `vllm_spark_plugin.knee.fit.fit_points` (the step-time model
 t(b) = alpha + beta*b); capacity is the seed's measured definition (`capacity_at_floor`: the highest
 measured concurrency whose median per-stream rate is >= the floor), with the fitted integer
-capacity beside it.
+capacity beside it.  With a latency SLO, the SLO capacity is the highest measured concurrency whose
+attainment (share of requests meeting the SLO) is at least the target.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 
-from ..definitions import SweepPoint, capacity_at_floor
+from ..definitions import LatencySLO, SweepPoint, capacity_at_floor, highest_concurrency_meeting
 from ..knee.fit import fit_points
 from ..knee.result import floor_key
 from .results import CurveKey, Row, RunRecord
@@ -26,6 +27,8 @@ class CurveAnalysis:
     floors: tuple[float, ...]
     capacity: dict[str, int | None] = field(default_factory=dict)  # measured, seed definition
     knee: dict | None = None  # KneeResult.to_json()
+    slo: LatencySLO | None = None
+    slo_capacity: int | None = None  # highest concurrency whose attainment >= slo.target
 
     @property
     def points(self) -> list[SweepPoint]:
@@ -45,6 +48,10 @@ class CurveAnalysis:
         for f in self.floors:
             n = self.capacity.get(floor_key(f))
             parts.append(f"highest concurrency with median per-stream rate >= {f:g} tok/s: "
+                         f"{n if n is not None else 'none measured'}")
+        if self.slo is not None:
+            n = self.slo_capacity
+            parts.append(f"highest concurrency with SLO attainment >= {self.slo.target:.4g} ({slo_text(self.slo)}): "
                          f"{n if n is not None else 'none measured'}")
         k = self.knee_value()
         if k is None:
@@ -68,12 +75,28 @@ def fit_knee(points: list[SweepPoint], floors: tuple[float, ...], ttft_slo: floa
     return fit_points(points, floors=floors, ttft_slo_seconds=ttft_slo, concurrencies=grid).to_json()
 
 
-def analyze(record: RunRecord, floors: tuple[float, ...], ttft_slo: float | None = None) -> list[CurveAnalysis]:
+def slo_text(slo: LatencySLO) -> str:
+    """'TTFT <= 2 s, per-stream rate >= 20 tok/s, end-to-end <= 30 s' (the bounds that are set)."""
+    parts = []
+    if slo.ttft_seconds is not None:
+        parts.append(f"TTFT <= {slo.ttft_seconds:g} s")
+    if slo.floor_tokens_per_second is not None:
+        parts.append(f"per-stream rate >= {slo.floor_tokens_per_second:g} tok/s")
+    if slo.e2e_seconds is not None:
+        parts.append(f"end-to-end <= {slo.e2e_seconds:g} s")
+    return ", ".join(parts) or "no bound"
+
+
+def analyze(record: RunRecord, floors: tuple[float, ...], ttft_slo: float | None = None,
+            slo: LatencySLO | None = None) -> list[CurveAnalysis]:
     out = []
     for key, rows in record.curves().items():
-        a = CurveAnalysis(key=key, rows=rows, floors=floors)
+        a = CurveAnalysis(key=key, rows=rows, floors=floors, slo=slo)
         pts = a.points
         a.capacity = {floor_key(f): _int_or_none(capacity_at_floor(pts, f)) for f in floors}
+        if slo is not None:
+            a.slo_capacity = _int_or_none(highest_concurrency_meeting(
+                ((r.concurrency, r.metrics.slo_attainment) for r in rows), slo.target))
         a.knee = fit_knee(pts, floors, ttft_slo)
         out.append(a)
     return out
@@ -126,6 +149,11 @@ def capacity_profile(a: CurveAnalysis, date: str, source: str) -> dict:
         "label": a.key.label,
         "workload": a.key.workload,
         "max_measured_concurrency": max((r.concurrency for r in a.rows), default=None),
+        "slo": None if a.slo is None else {
+            "ttft_seconds": a.slo.ttft_seconds, "floor_tokens_per_second": a.slo.floor_tokens_per_second,
+            "e2e_seconds": a.slo.e2e_seconds, "target_attainment": a.slo.target, "capacity": a.slo_capacity,
+            "attainment": {str(r.concurrency): r.metrics.slo_attainment for r in a.rows},
+            "goodput_tokens_per_second": {str(r.concurrency): r.metrics.goodput_tps for r in a.rows}},
         "date": date,
         "source": source,
     }

@@ -16,6 +16,7 @@ from datetime import datetime
 from pathlib import Path
 
 from .. import __version__
+from ..definitions import LatencySLO
 from . import scenarios as S
 from .client import OpenAIStreamClient, Timeouts, normalize_endpoint
 from .progress import Progress
@@ -23,7 +24,7 @@ from .results import (CSV_COLUMNS, CSV_NAME, META_NAME, STREAM_COLUMNS, STREAMS_
                       write_json)
 from .server_info import PreflightError, ServerInfo, collect, preflight, tokenize
 from .sweep import DEFAULT_LEVELS, EndpointTarget, ServerGone, SweepConfig, SweepRunner, now_iso
-from .workloads import WORKLOAD_NAMES, PromptFactory, Workload, make_workload
+from .workloads import WORKLOAD_NAMES, ContextError, PromptFactory, Workload, make_workload
 
 SCENARIOS = ("sweep", "prefill-interference", "prefix-reuse")
 EXIT_PREFLIGHT, EXIT_USAGE, EXIT_SERVER_FAILED, EXIT_INTERRUPTED = 1, 2, 3, 130
@@ -63,6 +64,24 @@ def _positive(kind):
             raise argparse.ArgumentTypeError(f"expected a positive value, got {text!r}")
         return v
     return parse
+
+
+def _fraction(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 < v <= 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1], e.g. 0.99, got {text!r}")
+    return v
+
+
+def latency_slo(args) -> LatencySLO | None:
+    """The --slo-* options as a LatencySLO; None when none of the bounds is given."""
+    if args.slo_ttft is None and args.slo_floor is None and args.slo_e2e is None:
+        return None
+    return LatencySLO(ttft_seconds=args.slo_ttft, floor_tokens_per_second=args.slo_floor,
+                      e2e_seconds=args.slo_e2e, target=args.slo_target)
 
 
 def run_async(coro, loop: str = "auto"):
@@ -138,6 +157,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a.add_argument("--ttft-slo", type=_positive(float), default=None, metavar="SECONDS",
                    help="also bound the fitted capacity by median TTFT (knee fit only)")
 
+    slo = parser.add_argument_group("latency SLO (goodput and attainment per point; any one turns it on)")
+    slo.add_argument("--slo-ttft", type=_positive(float), default=None, metavar="SECONDS",
+                     help="a request meets the SLO only if its TTFT is at most this")
+    slo.add_argument("--slo-floor", type=_positive(float), default=None, metavar="TPS",
+                     help="... and its per-stream decode rate is at least this (requests with < 2 tokens: TTFT alone)")
+    slo.add_argument("--slo-e2e", type=_positive(float), default=None, metavar="SECONDS",
+                     help="... and its end-to-end time (request sent to last token) is at most this")
+    slo.add_argument("--slo-target", type=_fraction, default=0.99, metavar="FRACTION",
+                     help="attainment a concurrency must reach to count as meeting the SLO (default: %(default)s)")
+
     s = parser.add_argument_group("scenarios (seed 003)")
     s.add_argument("--scenario", action="append", choices=SCENARIOS,
                    help="what to run (repeatable; default: sweep)")
@@ -212,6 +241,9 @@ def _config_dict(args, workloads: list[Workload], scenarios: list[str]) -> dict:
             "include_short": args.include_short, "unique_prompts": args.unique_prompts,
             "thinking": args.thinking, "tokenizer": args.tokenizer, "floors": list(args.floor),
             "ttft_slo": args.ttft_slo,
+            "slo": None if latency_slo(args) is None else {
+                "ttft_seconds": args.slo_ttft, "floor_tokens_per_second": args.slo_floor,
+                "e2e_seconds": args.slo_e2e, "target_attainment": args.slo_target},
             "scenarios": scenarios, "timeouts": {"connect": args.connect_timeout, "read": args.read_timeout,
                                                  "request": args.request_timeout}}
 
@@ -267,14 +299,29 @@ async def _run_all(args, targets, workloads, scenarios, record: RunRecord, runne
                                            probe_interval=args.probe_interval, threshold=args.dip_threshold,
                                            timeout=args.request_timeout)
                 wl = make_workload(args.scenario_workload, temperature=args.temperature)
-                res = await S.prefill_interference(client, target.prompts, wl, cfg, info.max_model_len)
+                res = await S.prefill_interference(client, target.prompts, wl, cfg, info.max_model_len,
+                                                   S.server_token_counter(info, args.api_key))
                 record.scenarios["prefill-interference" + suffix] = res
             if "prefix-reuse" in scenarios:
                 runner.progress.note(f"scenario prefix-reuse{suffix}: {args.reuse_repeats} document(s) of "
                                      f"{args.long_prompt_tokens} tokens, each sent twice")
                 res = await S.prefix_reuse(client, target.prompts, args.long_prompt_tokens, args.reuse_repeats,
-                                           info.max_model_len)
+                                           info.max_model_len, S.server_token_counter(info, args.api_key))
                 record.scenarios["prefix-reuse" + suffix] = res
+
+
+def _check_context(args, targets: list[EndpointTarget], workloads: list[Workload], scenarios: list[str]) -> None:
+    """Refuse, before any request, a run whose requests cannot fit a server's max_model_len (the long
+    prompt scenarios shorten their prompt instead, and refuse only a window too small for one)."""
+    token_ids = args.api == "completions"
+    for t in targets:
+        try:
+            for w in (workloads if "sweep" in scenarios else []):
+                t.prompts.check_fits(w, token_ids, t.info.max_model_len)
+            if any(s != "sweep" for s in scenarios):
+                S.fit_prompt_len(args.long_prompt_tokens, t.info.max_model_len)
+        except ContextError as exc:
+            raise UsageError(f"{t.info.endpoint} (model {t.info.model}): {exc}") from None
 
 
 def run(args) -> int:
@@ -295,6 +342,7 @@ def run(args) -> int:
     need_pool = "random" in [w.name for w in workloads] or any(s != "sweep" for s in scenarios)
     try:
         targets = run_async(_prepare(args, specs, need_pool, run_id), args.event_loop)
+        _check_context(args, targets, workloads, scenarios)
     except PreflightError as exc:
         print(f"vllm-spark bench: error: {exc}", file=err)
         return EXIT_PREFLIGHT
@@ -304,7 +352,7 @@ def run(args) -> int:
 
     cfg = SweepConfig(levels=args.levels, trials=args.trials, warmup=args.warmup, mode=args.mode,
                       requests=args.requests, duration=args.duration, include_short=args.include_short,
-                      api_key=args.api_key)
+                      api_key=args.api_key, slo=latency_slo(args))
     out = Path(args.out or Path("runs") / f"bench-{run_id[:15]}")
     out.mkdir(parents=True, exist_ok=True)
     config = _config_dict(args, workloads, scenarios)
@@ -373,4 +421,4 @@ def _write_meta(record: RunRecord, workloads: list[Workload]) -> None:
 def _finish(record: RunRecord, args, workloads) -> dict:
     from .report import write_reports
     _write_meta(record, workloads)
-    return write_reports(record, tuple(args.floor), args.ttft_slo)
+    return write_reports(record, tuple(args.floor), args.ttft_slo, latency_slo(args))

@@ -24,12 +24,13 @@ def _profile_name(label: str) -> str:
     return f"capacity_profile-{_safe(label)}.json"
 
 
-def write_reports(record: RunRecord, floors: tuple[float, ...], ttft_slo: float | None = None) -> dict:
+def write_reports(record: RunRecord, floors: tuple[float, ...], ttft_slo: float | None = None,
+                  slo=None) -> dict:
     """Write all reports; returns the summary dict.  Plots are skipped (and said so) when there is
-    nothing to plot."""
+    nothing to plot.  `slo`: the run's `LatencySLO` (goodput, attainment, SLO capacity), if any."""
     out = Path(record.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    curves = analyze(record, floors, ttft_slo)
+    curves = analyze(record, floors, ttft_slo, slo)
     files: dict[str, str] = {"csv": CSV_NAME, "streams": STREAMS_NAME, "meta": META_NAME}
     plots: dict[str, Path] = {}
     if curves:
@@ -81,6 +82,7 @@ def write_reports(record: RunRecord, floors: tuple[float, ...], ttft_slo: float 
         "capacity_statements": statements,
         "curves": [{"label": a.key.label, "workload": a.key.workload, "endpoint": a.key.endpoint,
                     "model": a.key.model, "capacity": a.capacity, "knee": a.knee,
+                    "slo_capacity": a.slo_capacity,
                     "statement": a.statement(), "points": [r.to_json() for r in a.rows],
                     "trials": [r.to_json() for r in record.trials if r.key == a.key]}
                    for a in curves],
@@ -128,7 +130,9 @@ def _curve_section(a: CurveAnalysis) -> str:
         rows.append([str(r.concurrency), str(r.trial), _num(m.per_stream_median_tps), _num(m.per_stream_min_tps),
                      _num(m.per_stream_p10_tps), _num(m.aggregate_tps), _num(m.output_tps),
                      _num(m.ttft_p50_s, ".3f"), _num(m.ttft_p90_s, ".3f"), _num(m.ttft_p99_s, ".3f"),
-                     f"{m.completed}/{m.requests}", " ".join(flag) or "ok"])
+                     f"{m.completed}/{m.requests}", " ".join(flag) or "ok"]
+                    + ([_num(None if m.slo_attainment is None else 100 * m.slo_attainment, ".1f"),
+                        _num(m.goodput_tps)] if a.slo is not None else []))
     k = a.knee or {}
     fit = ""
     if k:
@@ -147,7 +151,8 @@ def _curve_section(a: CurveAnalysis) -> str:
             f"<p class='meta'>endpoint {html.escape(a.key.endpoint)}, model {html.escape(a.key.model)}</p>"
             f"<p class='statement'>{html.escape(a.statement())}</p>"
             + _table(["concurrency", "trials", "per-stream median tok/s", "min", "p10", "aggregate tok/s",
-                      "output tok/s", "TTFT p50 s", "p90", "p99", "completed", "validation"], rows)
+                      "output tok/s", "TTFT p50 s", "p90", "p99", "completed", "validation"]
+                     + (["SLO attainment %", "goodput tok/s"] if a.slo is not None else []), rows)
             + fit)
 
 
@@ -204,7 +209,14 @@ th{background:#f3f3f3} td:first-child,th:first-child{text-align:left}
 .statement{font-weight:600} .warn{color:#b00020;font-weight:600} .note{color:#555;font-size:12px}
 .meta{color:#555;font-size:12px} .banner{background:#fff3cd;border:1px solid #e0c36c;padding:8px 12px}
 .plots img{max-width:100%;width:720px;display:block;margin:10px 0}
+.servers td,.servers th{text-align:left;vertical-align:top;overflow-wrap:anywhere} .settings{list-style:none;margin:0;padding:0}
 """
+
+
+def _settings_list(recipe: str) -> str:
+    """The recipe string ('key=value;...', one unbroken line) as a list, one setting a line."""
+    items = "".join(f"<li>{html.escape(part)}</li>" for part in recipe.split(";") if part)
+    return f"<ul class='settings'>{items}</ul>" if items else ""
 
 
 def render_html(record: RunRecord, curves: list[CurveAnalysis], summary: dict, plots: dict) -> str:
@@ -216,7 +228,7 @@ def render_html(record: RunRecord, curves: list[CurveAnalysis], summary: dict, p
     plot_html = "".join(_img(plots[k], k) for k in ("aggregate", "per_stream", "ttft") if k in plots)
     server_rows = [[html.escape(str(s.get("endpoint"))), html.escape(str(s.get("model"))),
                     html.escape(str(s.get("engine_version"))), html.escape(str(s.get("max_model_len"))),
-                    html.escape(str(s.get("recipe") or ""))] for s in record.servers]
+                    _settings_list(str(s.get("recipe") or ""))] for s in record.servers]
     cfg_rows = [[html.escape(k), html.escape(str(v))] for k, v in record.config.items()]
     fleet_html = ""
     if len({a.key.label for a in curves}) > 1:
@@ -237,6 +249,10 @@ def render_html(record: RunRecord, curves: list[CurveAnalysis], summary: dict, p
         "<li>TTFT (queueing + prefill) is reported separately. Output tok/s = output tokens / wall time.</li>"
         "<li>Capacity = the highest measured concurrency whose median per-stream rate is at or above the floor. "
         "Knee K = alpha/beta of the step-time fit t(b) = alpha + beta&middot;b.</li>"
+        "<li>Latency SLO (with <code>--slo-*</code>): a request meets it when its TTFT is within the TTFT SLO, "
+        "its per-stream decode rate is at least the floor (requests with fewer than 2 tokens: TTFT alone) and, "
+        "if set, its end-to-end time is within the bound; a failed request never meets it. Attainment = requests "
+        "meeting it / requests sent; goodput = output tokens of those requests / wall time.</li>"
         "<li>Streams that ended before the requested length are counted as <i>short</i> and "
         + ("included in" if record.config.get("include_short") else "left out of")
         + " the per-stream rate statistics. Streams the server delivered in a few bursts are counted as "
@@ -253,7 +269,7 @@ def render_html(record: RunRecord, curves: list[CurveAnalysis], summary: dict, p
 {fleet_html}
 <h2>Points</h2>{''.join(_curve_section(a) for a in curves) or '<p>No completed points.</p>'}
 {_scenario_section(record, plots)}
-<h2>Servers</h2>{_table(['endpoint', 'model', 'engine version', 'max_model_len', 'recipe'], server_rows)}
+<h2>Servers</h2><div class="servers">{_table(['endpoint', 'model', 'engine version', 'max_model_len', 'recipe'], server_rows)}</div>
 <h2>Run configuration</h2>{_table(['option', 'value'], cfg_rows)}
 {definitions}
 <p class="meta">Files: {html.escape(', '.join(sorted(set(summary['files'].values()))))}</p>

@@ -15,7 +15,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..definitions import SweepPoint
+from ..definitions import SLO_MET, SweepPoint
 from .stats import Metrics
 
 CSV_NAME = "sweep.csv"
@@ -29,12 +29,15 @@ CSV_COLUMNS = [
     "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "output_tokens", "prompt_tokens",
     "requested_output_tokens", "temperature", "ignore_eos", "duration_s",
     "engine_version", "max_model_len", "recipe", "first_error",
+    # latency SLO (--slo-*; empty without): see stats.py and definitions.LatencySLO
+    "slo_attainment", "goodput_tps", "slo_met", "slo_missed_ttft", "slo_missed_rate", "slo_missed_both",
+    "slo_missed_e2e",
 ]
 
 STREAM_COLUMNS = [
     "label", "workload", "endpoint", "model", "concurrency", "trial", "index", "prompt_tokens",
     "output_tokens", "requested_output_tokens", "ttft_s", "decode_s", "decode_tps", "arrivals", "short",
-    "bunched", "finish_reason", "error",
+    "bunched", "finish_reason", "error", "slo_outcome",
 ]
 
 
@@ -96,7 +99,8 @@ class Row:
                           extra={"per_stream_min_tps": m.per_stream_min_tps,
                                  "per_stream_p10_tps": m.per_stream_p10_tps, "ttft_p90_s": m.ttft_p90_s,
                                  "short_streams": m.short_streams, "bunched_streams": m.bunched_streams,
-                                 "errors": m.errors,
+                                 "errors": m.errors, "slo_attainment": m.slo_attainment,
+                                 "goodput_tps": m.goodput_tps,
                                  "requests": m.requests, "endpoint": self.key.endpoint,
                                  "model": self.key.model})
 
@@ -147,8 +151,10 @@ class CsvWriter:
             self._fh.close()
 
 
-def stream_rows(key: CurveKey, concurrency: int, trial: int, results: list) -> list[dict]:
-    """`streams.csv` rows: one per request of a measured trial (the client's `StreamResult`s)."""
+def stream_rows(key: CurveKey, concurrency: int, trial: int, results: list, slo=None) -> list[dict]:
+    """`streams.csv` rows: one per request of a measured trial (the client's `StreamResult`s); with a
+    `LatencySLO`, each row's `slo_outcome` (met, missed_ttft, missed_rate, missed_both, or
+    missed_e2e for a request that met those but not the end-to-end bound)."""
     rows = []
     for i, r in enumerate(results):
         t = r.timing
@@ -159,8 +165,16 @@ def stream_rows(key: CurveKey, concurrency: int, trial: int, results: list) -> l
                      "requested_output_tokens": t.requested_tokens if t.requested_tokens is not None else "",
                      "ttft_s": _fmt(t.ttft), "decode_s": _fmt(decode), "decode_tps": _fmt(t.decode_rate),
                      "arrivals": r.arrivals, "short": int(t.short), "bunched": int(r.bunched),
-                     "finish_reason": r.finish_reason or "", "error": t.error or ""})
+                     "finish_reason": r.finish_reason or "", "error": t.error or "",
+                     "slo_outcome": _slo_outcome(slo, t)})
     return rows
+
+
+def _slo_outcome(slo, t) -> str:
+    if slo is None:
+        return ""
+    o = slo.outcome(t)
+    return "missed_e2e" if o == SLO_MET and not slo.e2e_ok(t) else o
 
 
 def write_json(path: Path, data: dict) -> None:

@@ -13,6 +13,10 @@ r(t) before the long prompt is sent; the dip is the stretch after it where r(t) 
 `threshold` x baseline (default 0.5), from the first to the last such instant before the long
 prompt's first token (plus a few decode steps: the held-up streams' next token).  Depth = the
 lowest r(t) in the dip (and as a fraction of the baseline); duration = the length of that stretch.
+
+Both scenarios fit their long prompt to the server's `max_model_len` the same way (`fit_prompt_len`,
+with the note "long prompt shortened from A to B tokens to fit max_model_len M"); random-word prompts
+are then counted with the server's `/tokenize` and cut until they fit.
 """
 from __future__ import annotations
 
@@ -20,13 +24,20 @@ import asyncio
 import bisect
 import math
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from ..definitions import median
 from .client import OpenAIStreamClient, StreamResult
-from .workloads import PromptFactory, Workload
+from .server_info import ServerInfo, tokenize
+from .workloads import ContextError, Prompt, PromptFactory, Workload, context_budget
 
 PROBE_PROMPT = "Reply with one word: hello."
+MIN_LONG_PROMPT_TOKENS = 16
+# Decode streams of the interference scenario: room left for their (short, shipped) prompt.
+DECODE_PROMPT_RESERVE = 256
+
+TokenCounter = Callable[[str], Awaitable[int | None]]
 
 
 class ScenarioError(RuntimeError):
@@ -45,12 +56,55 @@ class InterferenceConfig:
     timeout: float = 600.0
 
 
-def _fit_prompt_len(requested: int, max_model_len: int | None, reserve: int) -> tuple[int, str | None]:
-    if max_model_len and requested + reserve > max_model_len:
-        n = max(16, max_model_len - reserve)
-        return n, (f"long prompt shortened from {requested} to {n} tokens to fit max_model_len "
-                   f"{max_model_len}")
-    return requested, None
+def fit_prompt_len(requested: int, max_model_len: int | None, output_tokens: int = 1,
+                   exact: bool = True) -> tuple[int, str | None]:
+    """The long prompt's length in tokens, shortened when `requested` cannot fit `max_model_len`
+    (with the note saying so); ContextError when not even a short long prompt fits."""
+    if not max_model_len:
+        return requested, None
+    budget = context_budget(max_model_len, output_tokens, exact)
+    if budget < MIN_LONG_PROMPT_TOKENS:
+        raise ContextError(f"max_model_len {max_model_len} leaves no room for a long prompt of "
+                           f"{MIN_LONG_PROMPT_TOKENS} tokens or more: serve the model with a larger --max-model-len")
+    if requested <= budget:
+        return requested, None
+    return budget, f"long prompt shortened from {requested} to {budget} tokens to fit max_model_len {max_model_len}"
+
+
+def server_token_counter(info: ServerInfo, api_key: str | None = None) -> TokenCounter | None:
+    """Counts text as the server tokenizes it (`/tokenize`); None when the server has no such endpoint."""
+    if not info.tokenize_available:
+        return None
+
+    async def count(text: str) -> int | None:
+        ids = await tokenize(info.endpoint, info.model, text, api_key=api_key)
+        return None if ids is None else len(ids)
+    return count
+
+
+class LongPrompts:
+    """Fresh long prompts of one fitted length for one scenario run."""
+
+    def __init__(self, client: OpenAIStreamClient, prompts: PromptFactory, requested: int,
+                 max_model_len: int | None, count_tokens: TokenCounter | None) -> None:
+        self.client, self.prompts, self.count_tokens = client, prompts, count_tokens
+        exact = prompts.exact_length(client.token_ids_allowed)
+        self.counted = not exact and count_tokens is not None and bool(max_model_len)
+        self.tokens, self.note = fit_prompt_len(requested, max_model_len, 1, exact or self.counted)
+
+    async def new(self) -> Prompt:
+        """A prompt never sent before; random words are cut until the server counts at most
+        `tokens` of them (their length is otherwise only approximate)."""
+        prompt = self.prompts.random_prompt(self.tokens, self.client.token_ids_allowed)
+        if not self.counted or not isinstance(prompt, str):
+            return prompt
+        for _ in range(8):
+            n = await self.count_tokens(prompt)
+            if n is None or n <= self.tokens:
+                break
+            words = prompt.split(" ")
+            prompt = " ".join(words[:max(1, min(len(words) - 1, len(words) * self.tokens // n))])
+        return prompt
 
 
 def rate_timeline(chunk_lists: list[list[float]], t0: float, start: float, end: float, step: float
@@ -95,14 +149,19 @@ def find_dip(ts: list[float], rates: list[float | None], baseline: float, thresh
 
 
 async def prefill_interference(client: OpenAIStreamClient, prompts: PromptFactory, workload: Workload,
-                               cfg: InterferenceConfig, max_model_len: int | None) -> dict:
+                               cfg: InterferenceConfig, max_model_len: int | None,
+                               count_tokens: TokenCounter | None = None) -> dict:
     notes: list[str] = []
-    long_len, note = _fit_prompt_len(cfg.long_prompt_tokens, max_model_len, reserve=64)
-    if note:
-        notes.append(note)
+    long_prompts = LongPrompts(client, prompts, cfg.long_prompt_tokens, max_model_len, count_tokens)
+    long_len = long_prompts.tokens
+    if long_prompts.note:
+        notes.append(long_prompts.note)
     # Each decode slot runs requests back to back, so `streams` decode streams are running whatever
     # the decode speed, from before the baseline until the tail ends (then they are cancelled).
-    decode_tokens = max(16, min(workload.output_tokens, (max_model_len or 4096) - 256))
+    decode_tokens = max(16, min(workload.output_tokens, (max_model_len or 4096) - DECODE_PROMPT_RESERVE))
+    if decode_tokens < workload.output_tokens:
+        notes.append(f"decode output shortened from {workload.output_tokens} to {decode_tokens} tokens to fit "
+                     f"max_model_len {max_model_len}")
     chunk_lists: list[list[float]] = []  # one per decode request, in start order
     decode_errors: list[str] = []
     started = 0
@@ -130,7 +189,7 @@ async def prefill_interference(client: OpenAIStreamClient, prompts: PromptFactor
             await asyncio.sleep(0.02)
         await asyncio.sleep(cfg.baseline_seconds)
         baseline_probe = await client.stream(PROBE_PROMPT, cfg.probe_tokens, 0.0)
-        long_prompt = prompts.random_prompt(long_len, client.token_ids_allowed)
+        long_prompt = await long_prompts.new()
         long_chunks: list[float] = []
         t0 = time.perf_counter()
         long_task = asyncio.create_task(client.stream(long_prompt, 1, 0.0, chunk_times=long_chunks))
@@ -194,15 +253,16 @@ async def prefill_interference(client: OpenAIStreamClient, prompts: PromptFactor
 
 
 async def prefix_reuse(client: OpenAIStreamClient, prompts: PromptFactory, doc_tokens: int,
-                       repeats: int, max_model_len: int | None) -> dict:
+                       repeats: int, max_model_len: int | None, count_tokens: TokenCounter | None = None) -> dict:
     """Each of `repeats` fresh documents is sent twice; TTFT of the first (cold) and second (cached)."""
     notes: list[str] = []
-    n, note = _fit_prompt_len(doc_tokens, max_model_len, reserve=16)
-    if note:
-        notes.append(note)
+    documents = LongPrompts(client, prompts, doc_tokens, max_model_len, count_tokens)
+    n = documents.tokens
+    if documents.note:
+        notes.append(documents.note)
     pairs = []
     for _ in range(max(1, repeats)):
-        doc = prompts.random_prompt(n, client.token_ids_allowed)
+        doc = await documents.new()
         cold = await client.stream(doc, 1, 0.0)
         cached = await client.stream(doc, 1, 0.0)
         for r in (cold, cached):

@@ -12,7 +12,11 @@ For a point (one concurrency level of one workload on one endpoint) made of seve
   throughput counts every completed stream's tokens: it is work the server did;
 * delivery validation: streams the server delivered in a few bursts (`bunched_streams`, see
   `client.is_bunched`) carry no decode timing; they are counted and left out of the per-stream
-  rates and of the aggregate's token sum and time span (output tok/s and TTFT keep them).
+  rates and of the aggregate's token sum and time span (output tok/s and TTFT keep them);
+* latency SLO (with `--slo-*`): every request of every trial is judged as the user saw it
+  (`definitions.LatencySLO`: short and bunched streams too, a failed request never meets it);
+  attainment = requests that met it / requests sent, goodput = output tokens of those requests /
+  wall time of the trial(s) (the same time base as output tok/s).
 
 A trial row uses the same function with a single trial.  Streams are `StreamTiming`s or the
 client's `StreamResult`s (which also know whether they arrived bunched).
@@ -22,7 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence, Union
 
-from ..definitions import StreamTiming, aggregate_throughput, median, median_of_medians, quantile
+from ..definitions import (SLO_MISSED_BOTH, SLO_MISSED_RATE, SLO_MISSED_TTFT, LatencySLO, StreamTiming,
+                           aggregate_throughput, median, median_of_medians, quantile, slo_tally)
 from .client import StreamResult
 
 Stream = Union[StreamTiming, StreamResult]
@@ -47,6 +52,14 @@ class Metrics:
     prompt_tokens: int
     duration_s: float
     first_error: str | None = None
+    # latency SLO (None without --slo-*): requests by outcome, attainment, goodput
+    slo_attainment: float | None = None
+    goodput_tps: float | None = None
+    slo_met: int | None = None
+    slo_missed_ttft: int | None = None
+    slo_missed_rate: int | None = None
+    slo_missed_both: int | None = None
+    slo_missed_e2e: int | None = None
 
 
 def _timing(s: Stream) -> StreamTiming:
@@ -64,7 +77,7 @@ def _rates(streams: Sequence[Stream], include_short: bool) -> list[float]:
 
 
 def summarize(trials: Sequence[Sequence[Stream]], durations: Sequence[float],
-              include_short: bool = False) -> Metrics:
+              include_short: bool = False, slo: LatencySLO | None = None) -> Metrics:
     """Metrics of one point (or one trial, with a single entry in `trials`)."""
     timings = [[_timing(s) for s in t] for t in trials]
     all_streams = [s for t in timings for s in t]
@@ -77,6 +90,12 @@ def summarize(trials: Sequence[Sequence[Stream]], durations: Sequence[float],
     out_tokens = sum(s.output_tokens for s in ok)
     duration = float(sum(durations))
     errors = [s.error for s in all_streams if s.error is not None]
+    slo_fields = {}
+    if slo is not None:
+        t = slo_tally(slo, all_streams)
+        slo_fields = dict(slo_attainment=t.attainment, goodput_tps=t.goodput(duration), slo_met=t.met,
+                          slo_missed_ttft=t.requests[SLO_MISSED_TTFT], slo_missed_rate=t.requests[SLO_MISSED_RATE],
+                          slo_missed_both=t.requests[SLO_MISSED_BOTH], slo_missed_e2e=t.missed_e2e)
     return Metrics(
         requests=len(all_streams),
         completed=len(ok),
@@ -95,4 +114,5 @@ def summarize(trials: Sequence[Sequence[Stream]], durations: Sequence[float],
         prompt_tokens=sum(s.prompt_tokens for s in ok),
         duration_s=duration,
         first_error=errors[0] if errors else None,
+        **slo_fields,
     )

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
+from ..definitions import LatencySLO
 from .client import OpenAIStreamClient, StreamResult
 from .progress import Progress
 from .results import CsvWriter, CurveKey, Row, RunRecord, stream_rows
@@ -44,6 +45,7 @@ class SweepConfig:
     duration: float | None = None  # closed loop: seconds per trial (instead of a request count)
     include_short: bool = False
     api_key: str | None = None
+    slo: LatencySLO | None = None  # judge every request against it (goodput, attainment)
 
     def requests_for(self, concurrency: int) -> int | None:
         """Closed loop: requests per trial (None with a duration: as many as fit in it)."""
@@ -169,15 +171,15 @@ class SweepRunner:
             await self._check(target, results, f"{name} trial {t}")
             trials.append(results)
             durations.append(duration)
-            m = summarize([results], [duration], self.cfg.include_short)
+            m = summarize([results], [duration], self.cfg.include_short, self.cfg.slo)
             row = self._row("trial", key, target, workload, level, t, m)
             self.record.trials.append(row)
             self.csv.write(row)
             if self.streams_csv is not None:
-                self.streams_csv.write_many(stream_rows(key, level, t, results))
+                self.streams_csv.write_many(stream_rows(key, level, t, results, self.cfg.slo))
             self.progress.advance(_headline(m))
         point = self._row("point", key, target, workload, level, len(trials),
-                          summarize(trials, durations, self.cfg.include_short))
+                          summarize(trials, durations, self.cfg.include_short, self.cfg.slo))
         self.record.points.append(point)
         self.csv.write(point)
         if point.metrics.bunched_streams:
@@ -197,4 +199,6 @@ def _headline(m) -> str:
     return (f"per-stream {f(m.per_stream_median_tps, '.1f')} tok/s, aggregate {f(m.aggregate_tps, '.1f')} tok/s, "
             f"TTFT p50 {f(m.ttft_p50_s, '.3f')} s" + (f", {m.errors} errors" if m.errors else "")
             + (f", {m.short_streams} short" if m.short_streams else "")
-            + (f", {m.bunched_streams} bunched" if m.bunched_streams else ""))
+            + (f", {m.bunched_streams} bunched" if m.bunched_streams else "")
+            + (f", SLO attainment {m.slo_attainment:.1%}, goodput {f(m.goodput_tps, '.1f')} tok/s"
+               if m.slo_attainment is not None else ""))

@@ -10,10 +10,15 @@
 Each stream of a wave gets a distinct prompt.  With `unique` on (the default) every request also
 carries a short unique tag at the start, so no request hits the prefix cache of an earlier one and
 TTFT always includes the full prefill.
+
+Every request must fit the server's `max_model_len` (prompt + output tokens, as the server counts
+them after its chat template).  `context_budget` is the one rule for how many prompt tokens to ask
+for; `check_fits` refuses a sweep workload that cannot fit, naming the option that fixes it.
 """
 from __future__ import annotations
 
 import json
+import math
 import random
 from dataclasses import dataclass
 from importlib import resources
@@ -22,6 +27,25 @@ from typing import Union
 Prompt = Union[str, list[int]]  # text, or token ids (completions API only)
 
 WORKLOAD_NAMES = ("code", "prose", "random")
+
+# Tokens a request carries beyond the prompt tokens asked for: the chat template (Qwen3 with thinking
+# off: 8-14) and the unique tag (up to about 30 with digits tokenized one by one).
+PROMPT_OVERHEAD_TOKENS = 64
+# Random-word prompts (chat API, no local tokenizer) hit their length only on average: their
+# tokens-per-word ratio is measured on one 400-token sample.  On the tiny test model a 2,032-token
+# request came out at 2,026 +- 67 tokens (3.3%, 200 seeds); 10% is three of those.
+WORD_SLACK = 0.10
+
+
+class ContextError(ValueError):
+    """Requests cannot fit the server's max_model_len; the message names the option that fixes it."""
+
+
+def context_budget(max_model_len: int, output_tokens: int, exact: bool) -> int:
+    """Prompt tokens to ask for so that prompt + `output_tokens` fits `max_model_len`: less the
+    template/tag overhead, and less the slack when the prompt's length is only approximate."""
+    room = max_model_len - output_tokens - PROMPT_OVERHEAD_TOKENS
+    return room if exact else math.floor(room / (1 + WORD_SLACK))
 
 
 @dataclass(frozen=True)
@@ -102,6 +126,19 @@ class PromptFactory:
         text = texts[stream_index % len(texts)]
         return (self._tag() + text) if self.unique else text
 
+    def exact_length(self, token_ids: bool) -> bool:
+        """Whether `random_prompt(n)` is exactly n tokens (local tokenizer text or token ids) rather
+        than random words of about n tokens."""
+        return self.tokenizer is not None or (token_ids and bool(self.token_pool))
+
+    def prompt_tokens_bound(self, workload: Workload, token_ids: bool) -> int:
+        """At most this many prompt tokens in a request of `workload` (template and tag aside).
+        Shipped prompts: their UTF-8 bytes (a byte-level BPE token covers at least one byte)."""
+        if workload.name == "random":
+            n = workload.input_tokens or 256
+            return n if self.exact_length(token_ids) else math.ceil(n * (1 + WORD_SLACK))
+        return max(len(t.encode("utf-8")) for t in self.sets[workload.name])
+
     def random_prompt(self, n_tokens: int, token_ids: bool) -> Prompt:
         """A random prompt of `n_tokens` tokens, never seen before: exact-length text with a local
         tokenizer (what `vllm bench serve --dataset-name random` sends), else exact token ids
@@ -141,6 +178,27 @@ class PromptFactory:
             if len(tok.encode(text, add_special_tokens=False)) == n:
                 break
         return text
+
+    def check_fits(self, workload: Workload, token_ids: bool, max_model_len: int | None) -> None:
+        """Raise ContextError, naming the option to change, when a request of `workload` can be longer
+        than `max_model_len` (None: the server did not say; nothing to check)."""
+        if not max_model_len:
+            return
+        prompt = self.prompt_tokens_bound(workload, token_ids)
+        out = workload.output_tokens
+        if prompt + out + PROMPT_OVERHEAD_TOKENS <= max_model_len:
+            return
+        what = (f"{workload.name} requests of up to {prompt} prompt tokens, {out} output tokens and up to "
+                f"{PROMPT_OVERHEAD_TOKENS} for the chat template and tag do not fit max_model_len {max_model_len}")
+        most_out = max_model_len - prompt - PROMPT_OVERHEAD_TOKENS
+        most_in = context_budget(max_model_len, out, self.exact_length(token_ids))
+        fixes = []
+        if workload.name == "random" and most_in >= 1:
+            fixes.append(f"use --random-input-len {most_in} or less")
+        if most_out >= 1:
+            fixes.append(f"use --output-tokens {most_out} or less")
+        fix = ", or ".join(fixes) or "serve the model with a larger --max-model-len"
+        raise ContextError(f"{what}: {fix}")
 
     def corpus(self) -> str:
         """All shipped prompt text (what `/tokenize` is asked about to build the token pool)."""

@@ -32,6 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="share of requests that must meet the TTFT SLO (default: %(default)g)")
     parser.add_argument("--rate-slo-target", type=float, default=d.rate_slo_target, metavar="FRACTION",
                         help="share of requests whose per-stream rate must exceed the floor (default: %(default)g)")
+    parser.add_argument("--attainment-target", type=float, default=d.attainment_target, metavar="FRACTION",
+                        help="share of requests that must meet TTFT SLO and floor together (default: %(default)g)")
     parser.add_argument("--min-requests", type=int, default=d.min_requests, metavar="N",
                         help="burn-rate alerts stay silent below N requests in their long window (default: %(default)d)")
     parser.add_argument("--job", default=d.job, help="Prometheus job name scraping vLLM (default: %(default)s)")
@@ -45,6 +47,7 @@ def slo_from_args(args: argparse.Namespace) -> SLOConfig:
     return SLOConfig(ttft_slo_seconds=args.ttft_slo, floor_tokens_per_second=args.floor,
                      knee_warn=args.knee_warn, knee_crit=args.knee_crit,
                      ttft_slo_target=args.ttft_slo_target, rate_slo_target=args.rate_slo_target,
+                     attainment_target=args.attainment_target,
                      min_requests=args.min_requests, job=args.job,
                      runbook_base_url=args.runbook_base_url).validate()
 

@@ -191,7 +191,61 @@ def serving(slo: SLOConfig) -> dict:
     d = d.with_panel(P.table_panel("Plugin and engine",
                                    "vllm_spark_info: plugin version, vLLM version, device and MoE backend per instance.",
                                    [Q(q.sel(N.INFO, 'instance=~"$instance"'), table=True)], h=5))
+    d = _slo_panels(d, slo)
     return _finish(d, slo)
+
+
+def _slo_panels(d, slo: SLOConfig):
+    """Latency SLO: attainment, goodput, requests by outcome, capacity under both SLOs, spare streams."""
+    floor, ttft = slo.floor_tokens_per_second, slo.ttft_slo_seconds
+    fm = q.floor_matcher(floor)
+    met = 'outcome="met"'
+    both = f"TTFT <= {ttft:g} s and per-stream rate >= {floor:g} tok/s"
+    attainment = (f"sum ({q.rate(N.SLO_REQUESTS, R, fm, met, base=S)}) / sum ({q.rate(N.SLO_REQUESTS, R, fm, base=S)})")
+    target_steps = ((None, "red"), (slo.attainment_target, "green"))
+    spare_steps = ((None, "red"), (0, "orange"), (1, "green"))
+    d = d.with_row(P.text_row("Latency SLO: attainment, goodput, spare capacity"))
+    d = d.with_panel(P.stat_panel("SLO attainment", f"Share of finished requests with {both} (vllm_spark_slo_requests_total, "
+                                  f"floor {floor:g}). Green from the {slo.attainment_target:g} target.",
+                                  [Q(attainment)], "percentunit", w=6, steps=target_steps, decimals=2))
+    d = d.with_panel(P.stat_panel("Goodput", f"Output tokens/s of the finished requests that met the SLO ({both}).",
+                                  [Q(f"sum ({q.rate(N.SLO_OUTPUT_TOKENS, R, fm, met, base=S)})")], TOK_S, w=6))
+    d = d.with_panel(P.stat_panel(f"Spare capacity at {floor:g} tok/s", "Capacity under both SLOs minus the running streams, "
+                                  "summed over the selected instances; negative: overloaded.",
+                                  [Q(f"sum ({q.sel(N.SPARE_CAPACITY, fm, base=S)})")], "short", w=6, steps=spare_steps, decimals=0))
+    d = d.with_panel(P.stat_panel("Capacity under both SLOs", f"min(capacity at {floor:g} tok/s, TTFT capacity at {ttft:g} s), "
+                                  "summed over the selected instances.",
+                                  [Q(f"sum ({q.sel(N.SLO_CAPACITY, fm, base=S)})")], "short", w=6, decimals=0))
+    d = d.with_panel(P.ts("SLO attainment per instance",
+                          f"Share of finished requests with {both}; the target is {slo.attainment_target:g}.",
+                          [Q(f"sum by (instance) ({q.rate(N.SLO_REQUESTS, R, fm, met, base=S)}) / "
+                             f"sum by (instance) ({q.rate(N.SLO_REQUESTS, R, fm, base=S)})", "{{instance}}")],
+                          "percentunit", steps=target_steps, min_val=0, max_val=1))
+    d = d.with_panel(P.ts("Goodput vs generation tokens/s",
+                          "Output tokens/s of requests that met the SLO beside all generated tokens/s: the gap is work that missed.",
+                          [Q(f"sum by (instance) ({q.rate(N.SLO_OUTPUT_TOKENS, R, fm, met, base=S)})", "{{instance}} goodput"),
+                           Q(_gen_rate(), "{{instance}} generated")], TOK_S, min_val=0))
+    d = d.with_panel(P.ts("Finished requests/s by SLO outcome",
+                          f"met, missed_ttft, missed_rate, missed_both at the {floor:g} tok/s floor (requests with < 2 tokens: TTFT alone).",
+                          [Q(f"sum by (outcome) ({q.rate(N.SLO_REQUESTS, R, fm, base=S)})", "{{outcome}}")],
+                          "reqps", stack=True, min_val=0))
+    d = d.with_panel(P.ts("Running streams vs capacity under both SLOs",
+                          f"Running requests against the capacity at {floor:g} tok/s alone, the TTFT capacity (highest batch whose "
+                          f"median TTFT is within {ttft:g} s) and the capacity under both.",
+                          [Q(_sum_by_instance(N.RUNNING), "{{instance}} running"),
+                           Q(_sum_by_instance(N.CAPACITY_STREAMS, fm), "{{instance}} capacity (floor)"),
+                           Q(_sum_by_instance(N.CAPACITY_TTFT), "{{instance}} capacity (TTFT)"),
+                           Q(_sum_by_instance(N.SLO_CAPACITY, fm), "{{instance}} capacity (both SLOs)")], "short", min_val=0))
+    d = d.with_panel(P.ts(f"Spare capacity at {floor:g} tok/s",
+                          "vllm_spark_spare_capacity_streams: capacity under both SLOs minus running streams; below 0 the "
+                          "instance is overloaded.", [Q(_sum_by_instance(N.SPARE_CAPACITY, fm), "{{instance}}")],
+                          "short", steps=spare_steps))
+    d = d.with_panel(P.state_timeline("TTFT capacity verdict",
+                                      "vllm_spark_capacity_ttft_verdict: whether the TTFT capacity is a measured crossing (ok), an "
+                                      "upper bound, or unknown (within the SLO at every observed batch, too few points).",
+                                      [Q(f"max by (instance, verdict) ({q.sel(N.CAPACITY_TTFT_VERDICT, base=S)})",
+                                         "{{instance}} {{verdict}}")]))
+    return d
 
 
 # --------------------------------------------------------------------------------------------------
@@ -242,6 +296,46 @@ def kv_memory(slo: SLOConfig) -> dict:
     d = d.with_panel(P.ts("Memory pressure (PSI)", "vllm_spark_memory_pressure_ratio by kind (some / full) and window (avg10 / avg60 / avg300), as 0-1 shares of time.",
                           [Q(f"max by (instance, kind, window) ({q.sel(N.MEMORY_PRESSURE, base=H)})", "{{instance}} {{kind}} {{window}}")],
                           "percentunit", min_val=0), )
+
+    d = d.with_row(P.text_row("Unified-memory failures"))
+    free = q.sel(N.MEMINFO, 'field="MemFree"', base=H)
+    reclaimable = q.sel(N.MEMORY_RECLAIMABLE, base=H)
+    d = d.with_panel(P.ts("Free, page cache and reclaimable",
+                          "/proc/meminfo fields by name (vllm_spark_meminfo_bytes), the reclaimable part (Cached + Buffers - Shmem + "
+                          "SReclaimable) and MemAvailable. On GB10 CUDA's free memory is MemFree: page cache counts as used for "
+                          "vLLM's start-up check.",
+                          [Q(f"max by (instance, field) ({q.sel(N.MEMINFO, base=H)})", "{{instance}} {{field}}"),
+                           Q(f"max by (instance) ({reclaimable})", "{{instance}} reclaimable"),
+                           Q(f"max by (instance) ({avail})", "{{instance}} MemAvailable")], "bytes", min_val=0))
+    d = d.with_panel(P.ts("Free + reclaimable headroom",
+                          "(MemFree + reclaimable) / MemTotal per instance: what a new allocation can get once caches are "
+                          "dropped. The VllmSparkReclaimableHeadroomLow alert fires under 10%.",
+                          [Q(f"(max by (instance) ({free}) + max by (instance) ({reclaimable})) / max by (instance) ({mtotal})",
+                             "{{instance}}")], "percentunit", steps=((None, "red"), (0.10, "green")), min_val=0, max_val=1))
+    d = d.with_panel(P.ts("Driver memory events (NVRM)",
+                          "NV_ERR_NO_MEMORY and Xid lines the NVIDIA driver wrote to the kernel log, per interval "
+                          "(vllm_spark_nvrm_events_total). Out-of-memory lines while MemAvailable looks healthy are the GB10 "
+                          "failure signature.",
+                          [Q(f"sum by (instance, kind) (increase({q.sel(N.NVRM_EVENTS, base=H)}[{R}]))", "{{instance}} {{kind}}")],
+                          "short", min_val=0))
+    d = d.with_panel(P.ts("Xid events by code",
+                          "vllm_spark_nvrm_xid_events_total by Xid code, per interval (NVIDIA's Xid catalogue explains each code).",
+                          [Q(f"sum by (instance, xid) (increase({q.sel(N.NVRM_XID_EVENTS, base=H)}[{R}]))", "{{instance}} Xid {{xid}}")],
+                          "short", min_val=0))
+    d = d.with_panel(P.ts("Memory stall time (PSI totals)",
+                          "Share of time tasks stalled on memory from the PSI totals (rate of vllm_spark_memory_pressure_stall_seconds_total): "
+                          "some = at least one task waited, full = all non-idle tasks did.",
+                          [Q(f"max by (instance, kind) ({q.rate(N.MEMORY_PRESSURE_STALL, R, base=H)})", "{{instance}} {{kind}}")],
+                          "percentunit", min_val=0))
+    d = d.with_panel(P.ts("Memory sources readable",
+                          "vllm_spark_memory_source_available: 1 when the plugin could read the source (meminfo, psi, kernel_log, "
+                          "nvml_memory), 0 when not (no permission, no such file, NOT_SUPPORTED on GB10 for NVML memory).",
+                          [Q(f"max by (instance, source) ({q.sel(N.MEMORY_SOURCE_AVAILABLE, base=H)})", "{{instance}} {{source}}")],
+                          "short", min_val=0, max_val=1))
+    d = d.with_panel(P.ts("GPU memory (NVML)", "vllm_spark_gpu_memory_bytes by kind where NVML reports it; absent on GB10 "
+                          "(NOT_SUPPORTED: unified memory).",
+                          [Q(f"max by (instance, gpu, kind) ({q.sel(N.GPU_MEMORY, base=H)})", "{{instance}} gpu {{gpu}} {{kind}}")],
+                          "bytes", min_val=0))
     return _finish(d, slo)
 
 

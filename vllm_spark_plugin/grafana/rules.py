@@ -32,6 +32,8 @@ PREFILL_STALL_STEP_JUMP = 2.0    # 2-minute mean step time over its 1-hour mean
 KV_USAGE_HIGH = 0.95
 MEMORY_AVAILABLE_LOW = 0.05      # share of unified memory still available
 MEMORY_PSI_HIGH = 0.10           # share of time some task stalled on memory (PSI some avg60)
+MEMORY_HEADROOM_LOW = 0.10       # (MemFree + reclaimable) / MemTotal: what a new allocation can still get
+MEMORY_PSI_FULL_HIGH = 0.05      # share of time all non-idle tasks stalled on memory (PSI full avg60)
 
 
 def num(x: float) -> str:
@@ -142,7 +144,40 @@ def recording_groups(slo: SLOConfig) -> list[dict]:
         {"name": "vllm_spark_instance", "rules": instance},
         {"name": "vllm_spark_slo", "rules": slo_rules},
         {"name": "vllm_spark_fleet", "rules": fleet},
+        {"name": "vllm_spark_slo_attainment", "rules": attainment_records(slo)},
+        {"name": "vllm_spark_memory", "rules": memory_records()},
     ]
+
+
+def attainment_records(slo: SLOConfig) -> list[dict]:
+    """Attainment and goodput at the configured floor from the per-request SLO counters (exact: each
+    request was judged when it finished), and capacity under both SLOs with the spare streams."""
+    r = q.rate
+    fm = q.floor_matcher(slo.floor_tokens_per_second)
+    met = 'outcome="met"'
+    out = []
+    for w in ("5m", "30m", "1h", "6h", "3d"):
+        out.append(_ratio_record(
+            f"instance:vllm_spark_attainment_slo_errors:ratio_rate{w}",
+            f"1 - (\n  sum by ({INST}) ({r(N.SLO_REQUESTS, w, fm, met)})\n"
+            f"  /\n  sum by ({INST}) ({r(N.SLO_REQUESTS, w, fm)})\n)"))
+    for w in ("1h", "6h", "3d"):
+        out.append(_ratio_record(f"instance:vllm_spark_attainment_requests:rate{w}",
+                                 f"sum by ({INST}) ({r(N.SLO_REQUESTS, w, fm)})"))
+    out += [
+        _ratio_record("instance:vllm_spark_slo_attainment:ratio_rate5m",
+                      f"sum by ({INST}, floor) ({r(N.SLO_REQUESTS, '5m', met)})\n/\n"
+                      f"sum by ({INST}, floor) ({r(N.SLO_REQUESTS, '5m')})"),
+        _ratio_record("instance:vllm_spark_goodput_tokens:rate5m",
+                      f"sum by ({INST}, floor) ({r(N.SLO_OUTPUT_TOKENS, '5m', met)})"),
+        _ratio_record("instance:vllm_spark_slo_capacity_streams:sum", f"sum by ({INST}, floor) ({N.SLO_CAPACITY})"),
+        _ratio_record("instance:vllm_spark_spare_capacity_streams:sum", f"sum by ({INST}, floor) ({N.SPARE_CAPACITY})"),
+        _ratio_record("job:vllm_spark_goodput_tokens:rate5m",
+                      f"sum by ({FLEET}, floor) (instance:vllm_spark_goodput_tokens:rate5m)"),
+        _ratio_record("job:vllm_spark_spare_capacity_streams:sum",
+                      f"sum by ({FLEET}, floor) (instance:vllm_spark_spare_capacity_streams:sum)"),
+    ]
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -277,11 +312,27 @@ def alerts(slo: SLOConfig) -> list[tuple[str, list[Alert]]]:
               "The plugin caught {{ $value | printf \"%.3f\" }} exceptions/s in {{ $labels.where }} for 5 m (vLLM keeps serving; the affected metrics may be stale).",
               "5m"),
     ]
+    attainment_budget = 1 - slo.attainment_target
+    both = f"TTFT <= {ttft:g} s and per-stream rate >= {floor:g} tok/s"
+    attainment_alerts = [
+        Alert("VllmSparkSLOAttainmentBurnFast", _burn("attainment", "attainment", attainment_budget, FAST, mr), "critical",
+              f"Latency SLO attainment ({num(slo.attainment_target * 100)}% of requests with {both}) is burning fast on {{{{ $labels.instance }}}}",
+              f"{{{{ $value | humanizePercentage }}}} of finished requests to {{{{ $labels.model_name }}}} on {{{{ $labels.instance }}}} missed "
+              f"{both} (budget {num(attainment_budget * 100)}%): at 14.4x over 1 h (and 5 m) or 6x over 6 h (and 30 m) the 30-day "
+              f"budget is gone in days. Ignored below {mr} requests in the long window.", "2m"),
+        Alert("VllmSparkSLOAttainmentBurnSlow", _burn("attainment", "attainment", attainment_budget, SLOW, mr), "warning",
+              f"Latency SLO attainment ({num(slo.attainment_target * 100)}% of requests with {both}) has burned its budget for 3 days on {{{{ $labels.instance }}}}",
+              f"The share of finished requests missing {both} has exceeded the {num(attainment_budget * 100)}% budget over 3 days "
+              f"and the last 6 hours ({{{{ $value | humanizePercentage }}}}). Ignored below {mr} requests in 3 days.", "15m"),
+    ]
+
     return [
         ("vllm_spark_slo_alerts", slo_alerts),
         ("vllm_spark_serving_alerts", serving_alerts),
         ("vllm_spark_resource_alerts", resource_alerts),
         ("vllm_spark_exporter_alerts", exporter_alerts),
+        ("vllm_spark_attainment_alerts", attainment_alerts),
+        ("vllm_spark_memory_alerts", memory_alerts()),
     ]
 
 
@@ -309,3 +360,37 @@ def render_files(slo: SLOConfig | None = None) -> dict[str, str]:
         RECORDING_FILE: rules_yaml({"groups": recording_groups(slo)}, header),
         ALERTING_FILE: rules_yaml({"groups": alerting_groups(slo)}, header),
     }
+
+
+# ---------------------------------------------------------------------------------------------
+def memory_records() -> list[dict]:
+    """Unified-memory failure signals (metrics/memory_telemetry.py), per host."""
+    return [
+        _ratio_record("instance:vllm_spark_memory_headroom:ratio",
+                      f'(\n  max by ({HOST}) ({N.MEMINFO}{{field="MemFree"}})\n  + max by ({HOST}) ({N.MEMORY_RECLAIMABLE})\n)\n'
+                      f'/ max by ({HOST}) ({N.UNIFIED_MEMORY}{{kind="total"}})'),
+        _ratio_record("instance:vllm_spark_memory_pressure:full_avg60",
+                      f'max by ({HOST}) ({N.MEMORY_PRESSURE}{{kind="full", window="avg60"}})'),
+        _ratio_record("instance:vllm_spark_nvrm_events:increase5m",
+                      f"sum by ({HOST}, kind) (increase({N.NVRM_EVENTS}[5m]))"),
+    ]
+
+
+def memory_alerts() -> list[Alert]:
+    return [
+        Alert("VllmSparkDriverOutOfMemory", 'instance:vllm_spark_nvrm_events:increase5m{kind="nv_err_no_memory"} > 0', "warning",
+              "The NVIDIA driver on {{ $labels.instance }} failed a memory allocation (NV_ERR_NO_MEMORY)",
+              "The kernel log shows {{ $value | printf \"%.0f\" }} NVRM NV_ERR_NO_MEMORY line(s) in the last 5 m. On a unified-memory "
+              "Spark the driver can run out while MemAvailable still shows gigabytes; a burst during a long prefill or start-up "
+              "has preceded whole-host wedges."),
+        Alert("VllmSparkReclaimableHeadroomLow", f"instance:vllm_spark_memory_headroom:ratio < {num(MEMORY_HEADROOM_LOW)}", "warning",
+              "Free plus reclaimable memory on {{ $labels.instance }} is low",
+              f"MemFree plus reclaimable page cache and slab is {{{{ $value | humanizePercentage }}}} of unified memory "
+              f"(< {MEMORY_HEADROOM_LOW:.0%}) for 5 m: new GPU allocations (KV growth, CUDA graphs, a restart) may fail.",
+              "5m"),
+        Alert("VllmSparkMemoryPressureFull", f"instance:vllm_spark_memory_pressure:full_avg60 > {num(MEMORY_PSI_FULL_HIGH)}", "critical",
+              "All tasks on {{ $labels.instance }} are stalling on memory",
+              f"Every non-idle task stalled on memory {{{{ $value | humanizePercentage }}}} of the last 60 s (PSI full, "
+              f"> {MEMORY_PSI_FULL_HIGH:.0%}) for 5 m: the host is thrashing and can stop responding.",
+              "5m"),
+    ]

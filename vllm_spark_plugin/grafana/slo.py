@@ -27,6 +27,7 @@ class SLOConfig:
     knee_crit: float = 1.0                 # ... red from here; "serving past the knee"
     ttft_slo_target: float = 0.99          # share of requests whose TTFT must be <= the SLO
     rate_slo_target: float = 0.95          # share of requests whose per-stream rate must be > floor
+    attainment_target: float = 0.99        # share of requests meeting both (definitions.slo_outcome)
     min_requests: int = 20                 # burn-rate alerts stay silent below this many requests
     job: str = "vllm"                      # Prometheus job scraping vLLM (for up / absent alerts)
     runbook_base_url: str = DEFAULT_RUNBOOK_BASE
@@ -45,7 +46,8 @@ class SLOConfig:
                 raise SLOError(f"{name} {v!r}: expected a positive knee ratio")
         if self.knee_warn >= self.knee_crit:
             raise SLOError(f"--knee-warn {self.knee_warn:g} must be below --knee-crit {self.knee_crit:g}")
-        for name, v in (("--ttft-slo-target", self.ttft_slo_target), ("--rate-slo-target", self.rate_slo_target)):
+        for name, v in (("--ttft-slo-target", self.ttft_slo_target), ("--rate-slo-target", self.rate_slo_target),
+                        ("--attainment-target", self.attainment_target)):
             # the fast page fires at 14.4 x the error budget: at or above 1 it could never fire
             if not (0 < v < 1) or 14.4 * (1 - v) >= 1:
                 raise SLOError(f"{name} {v!r}: expected a fraction in ({1 - 1 / 14.4:.4f}, 1), e.g. 0.99 "

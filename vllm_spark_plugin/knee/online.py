@@ -2,7 +2,8 @@
 
 Hot path (`observe`, once per engine step): pure Python, no numpy, no lock.  It writes one slot of
 five preallocated `array('d')` buffers (raw doubles: no Python objects are kept alive per sample)
-and then advances a sample counter.  Memory is 5 x 8 bytes x window, fixed at construction.
+and then advances a sample counter.  Memory is 5 x 8 bytes x window (plus 2 x 8 bytes x
+ttft_window for first tokens), fixed at construction.
 
 Reader side (`estimate`, from a scrape thread): a sequence-lock style snapshot without blocking
 the writer.  It reads the counter (c0), copies the buffers, reads the counter again (c1), and keeps
@@ -12,6 +13,10 @@ the snapshot is retried.  This relies on the writer's stores landing in program 
 counter), which CPython guarantees under the GIL; were a sample ever torn anyway, it is one
 outlier among thousands and the robust fit gives it no weight.  Readers serialise among
 themselves with a lock that `observe` never touches.
+
+TTFT side (`observe_ttft`, once per first token): the same kind of ring, (batch, TTFT) pairs, from
+which `ttft_capacity()` derives the highest batch whose median TTFT meets the TTFT SLO
+(`slo_capacity.py` gives the method and its verdicts).
 """
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ import numpy as np
 
 from .fit import MIN_STEP_SAMPLES, fit_steps
 from .result import KneeResult, finite_or_none
+from .slo_capacity import TtftCapacity, ttft_capacity
 
 _INF = math.inf
 
@@ -52,7 +58,8 @@ class OnlineKneeEstimator:
 
     def __init__(self, window: int = 4096, halflife_seconds: float = 600.0, refit_seconds: float = 10.0,
                  floors: Iterable[float] = (20.0,), clock: Callable[[], float] = time.monotonic,
-                 *, bootstrap: int = 0, seed: int = 0, min_samples: int = MIN_STEP_SAMPLES) -> None:
+                 *, bootstrap: int = 0, seed: int = 0, min_samples: int = MIN_STEP_SAMPLES,
+                 ttft_slo_seconds: float | None = None, ttft_window: int = 1024) -> None:
         if not (isinstance(window, int) and window >= 2):
             raise ValueError(f"window must be an integer >= 2, got {window!r}")
         hl = finite_or_none(halflife_seconds)
@@ -77,6 +84,17 @@ class OnlineKneeEstimator:
         self._ts = array("d", zeros)
         self._count = 0          # samples accepted so far; advanced after the slot is written
         self.invalid = 0         # samples rejected by observe (non-finite, <= 0 time, batch < 1, ...)
+        slo = finite_or_none(ttft_slo_seconds)
+        if ttft_slo_seconds is not None and (slo is None or slo <= 0):
+            raise ValueError(f"ttft_slo_seconds must be a positive finite number, got {ttft_slo_seconds!r}")
+        if not (isinstance(ttft_window, int) and ttft_window >= 2):
+            raise ValueError(f"ttft_window must be an integer >= 2, got {ttft_window!r}")
+        self.ttft_slo_seconds = slo
+        self.ttft_window = ttft_window
+        tz = bytes(8 * ttft_window)
+        self._tb = array("d", tz)
+        self._tt = array("d", tz)
+        self._ttft_count = 0
         self._fit_lock = threading.Lock()
         self._cached: KneeResult | None = None
         self._cached_at: float | None = None
@@ -85,8 +103,11 @@ class OnlineKneeEstimator:
     @classmethod
     def from_settings(cls, settings, clock: Callable[[], float] = time.monotonic, **kwargs) -> "OnlineKneeEstimator":
         """Build from `vllm_spark_plugin.settings.Settings` (SPARK_PLUGIN_KNEE_* and SPARK_PLUGIN_FLOORS)."""
+        from vllm_spark_plugin.slo_settings import from_settings
+        slo = from_settings(settings)
+        kwargs.setdefault("ttft_slo_seconds", slo.ttft_slo_seconds)
         return cls(window=settings.knee_window, halflife_seconds=settings.knee_halflife_seconds,
-                   refit_seconds=settings.knee_refit_seconds, floors=settings.floors, clock=clock, **kwargs)
+                   refit_seconds=settings.knee_refit_seconds, floors=slo.floors, clock=clock, **kwargs)
 
     # ------------------------------------------------------------------ hot path
 
@@ -110,6 +131,19 @@ class OnlineKneeEstimator:
         except (TypeError, ValueError, OverflowError):
             pass
         self.invalid += 1
+
+    def observe_ttft(self, batch: int, ttft_seconds: float) -> None:
+        """Record one first token: the batch of the step that produced it and the request's TTFT.
+
+        O(1), never raises; invalid pairs are dropped."""
+        try:
+            if 1 <= batch < _INF and 0.0 <= ttft_seconds < _INF:
+                i = self._ttft_count % self.ttft_window
+                self._tb[i] = batch
+                self._tt[i] = ttft_seconds
+                self._ttft_count += 1
+        except (TypeError, ValueError, OverflowError):
+            pass
 
     # ------------------------------------------------------------------ reader side
 
@@ -161,6 +195,20 @@ class OnlineKneeEstimator:
                 result.notes.append(f"{self.invalid} invalid step sample(s) ignored since start")
             self._cached, self._cached_at, self._cached_count = result, now, count
             return result
+
+    def ttft_capacity(self) -> TtftCapacity:
+        """Highest batch whose median TTFT meets the TTFT SLO, from the TTFT ring (with its verdict)."""
+        w = self.ttft_window
+        for _ in range(8):
+            c0 = self._ttft_count
+            b = np.frombuffer(self._tb, dtype=np.float64).copy()
+            t = np.frombuffer(self._tt, dtype=np.float64).copy()
+            c1 = self._ttft_count
+            lo, hi = max(0, c1 - w + 1), c0
+            if hi >= lo:
+                idx = np.arange(lo, hi) % w
+                return ttft_capacity(b[idx], t[idx], self.ttft_slo_seconds)
+        return ttft_capacity((), (), self.ttft_slo_seconds)
 
     def ratio(self, current_batch: float) -> float | None:
         """current_batch / K from the last estimate (no refit here); None when K is unknown or 0."""

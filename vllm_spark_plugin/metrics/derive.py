@@ -1,6 +1,6 @@
 """Pure derivations from one engine step's stats to the values the exporter records.
 
-No Prometheus, no vLLM imports: `StepStats` (from `_vllm.unpack`) in, plain numbers out.  Every
+No Prometheus, no vLLM imports: `StepStats` (from `hooks.stats`) in, plain numbers out.  Every
 value is validated: None, NaN, infinities and negatives are dropped and counted in `invalid`,
 so a broken stat costs one sample, never an exception in vLLM's output loop.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from vllm_spark_plugin._vllm import StepStats
+from vllm_spark_plugin.metrics.stepstats import StepStats
 from vllm_spark_plugin.definitions import stream_decode_rate
 
 
@@ -32,10 +32,12 @@ def _seconds(x) -> float | None:
 class DerivedStep:
     __slots__ = ("batch", "prefill_tokens", "decode_tokens", "step_seconds", "kv_used", "kv_total",
                  "running", "waiting", "generation_tokens", "prompt_tokens", "preempted", "ttfts",
-                 "stream_rates", "finished_reasons", "tokens_per_stream", "invalid")
+                 "stream_rates", "finished_reasons", "finished_slo", "tokens_per_stream", "invalid",
+                 "count_batch")
 
     def __init__(self) -> None:
         self.batch = None
+        self.count_batch = True  # False when the scheduler hook's records count this engine's batches
         self.prefill_tokens = None
         self.decode_tokens = None
         self.step_seconds = None
@@ -49,6 +51,8 @@ class DerivedStep:
         self.ttfts: list[float] = []
         self.stream_rates: list[float] = []
         self.finished_reasons: list[str] = []
+        # (TTFT or None, decode rate or None, output tokens) of each finished request, for the SLO
+        self.finished_slo: list[tuple] = []
         self.tokens_per_stream = 1.0
         self.invalid = 0
 
@@ -63,12 +67,13 @@ def derive(s: StepStats, config_total_blocks: int | None = None) -> DerivedStep:
             d.waiting = _count(s.waiting)
             bad += d.waiting is None
         # The step's batch: requests scheduled in it (exact, from the scheduler hook), else the
-        # running count vLLM reports after the step.
+        # running count vLLM reports after the step (unless the hook's records carry the batch).
         pr, dr = _count(s.prefill_reqs), _count(s.decode_reqs)
         if pr is not None and dr is not None:
             d.batch = pr + dr
         else:
             d.batch = d.running
+            d.count_batch = s.batch_from_running
         if s.step_seconds is not None:
             d.step_seconds = _seconds(s.step_seconds)
             bad += d.step_seconds is None
@@ -111,8 +116,19 @@ def derive(s: StepStats, config_total_blocks: int | None = None) -> DerivedStep:
         rate = stream_decode_rate(tokens, secs)  # None for 0/1-token requests: no rate, not an error
         if rate is not None:
             d.stream_rates.append(rate)
+        # TTFT of the request = end-to-end latency - decode window (arrival in the API server to the
+        # first token); requests without an end-to-end latency are not judged against the SLO.
+        e2e = getattr(fr, "e2e_seconds", None)
+        if e2e is not None:
+            e2e = _seconds(e2e)
+            if e2e is None:
+                bad += 1
+            else:
+                d.finished_slo.append((max(0.0, e2e - secs) if tokens else None, rate, tokens))
     # Speculative decoding: a step can yield several tokens per stream; rates then count tokens.
-    if s.spec_decoding and d.batch:
+    if s.sampled_tokens is not None and d.batch:
+        d.tokens_per_stream = max(1.0, s.sampled_tokens / d.batch)
+    elif s.spec_decoding and d.batch:
         d.tokens_per_stream = max(1.0, d.generation_tokens / d.batch)
     d.invalid = bad
     return d

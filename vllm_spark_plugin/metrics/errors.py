@@ -1,4 +1,10 @@
-"""Failure containment: plugin errors are counted, logged once per kind, and never reach vLLM."""
+"""Failure containment: plugin errors are counted, logged once per kind, and never reach vLLM.
+
+The count is `vllm_spark_plugin_errors_total{where}` on the API server's `/metrics`.  A process with
+no exporter (the engine core, the workers, the launcher) hands its counts to a spill sink that the
+inbound side installs (`hooks.channel`: a file per process), and the API server's exporter adds the
+other processes' increments with `absorb()`.
+"""
 from __future__ import annotations
 
 import logging
@@ -9,7 +15,11 @@ log = logging.getLogger("vllm_spark_plugin")
 _seen: set[tuple[str, str]] = set()
 _lock = threading.Lock()
 _counter = None  # prometheus Counter, set by instruments once created
-_pending: dict[str, int] = {}  # errors seen before the counter existed
+_pending: dict[str, int] = {}  # errors seen before the counter existed (or in a process without one)
+_absorbed: dict[tuple[int, str], int] = {}  # other processes' counts already added
+_spill = None  # fn(counts) that publishes _pending for the API server; None: nowhere to send them
+_spill_timer: threading.Timer | None = None
+SPILL_DELAY_SECONDS = 1.0  # a failure on every engine step rewrites the file at most this often
 
 
 def bind_counter(counter) -> None:
@@ -19,6 +29,38 @@ def bind_counter(counter) -> None:
         for where, n in _pending.items():
             counter.labels(where=where).inc(n)
         _pending.clear()
+    if _spill is not None:
+        try:
+            _spill(None)  # this process exports its own counts from now on: withdraw the spilled ones
+        except Exception:
+            pass
+
+
+def set_spill(fn) -> None:
+    """`fn(counts)` publishes this process's cumulative counts; `fn(None)` withdraws them."""
+    global _spill
+    _spill = fn
+
+
+def _flush_spill() -> None:
+    global _spill_timer
+    with _lock:
+        _spill_timer = None
+        counts = dict(_pending) if _counter is None else None
+    if counts is not None and _spill is not None:
+        try:
+            _spill(counts)
+        except Exception:
+            pass
+
+
+def _schedule_spill() -> None:
+    global _spill_timer
+    if _spill is None or _spill_timer is not None:
+        return
+    _spill_timer = threading.Timer(SPILL_DELAY_SECONDS, _flush_spill)
+    _spill_timer.daemon = True
+    _spill_timer.start()
 
 
 def report(where: str, exc: BaseException | str) -> None:
@@ -31,6 +73,7 @@ def report(where: str, exc: BaseException | str) -> None:
                 _seen.add((where, kind))
             if _counter is None:
                 _pending[where] = _pending.get(where, 0) + 1
+                _schedule_spill()
         if _counter is not None:
             _counter.labels(where=where).inc()
         if first:
@@ -39,3 +82,19 @@ def report(where: str, exc: BaseException | str) -> None:
                         where, kind, exc, exc_info=not isinstance(exc, str))
     except Exception:  # the last line of defence must not fail either
         pass
+
+
+def absorb(spilled: dict[int, dict[str, int]], counter=None) -> int:
+    """Add other processes' new errors (cumulative counts by pid) to this process's counter."""
+    added = 0
+    counter = counter if counter is not None else _counter
+    if counter is None:
+        return added
+    for pid, counts in spilled.items():
+        for where, total in counts.items():
+            seen = _absorbed.get((pid, where), 0)
+            if total > seen:
+                counter.labels(where=where).inc(total - seen)
+                _absorbed[(pid, where)] = total
+                added += total - seen
+    return added

@@ -13,10 +13,16 @@ import time
 
 from vllm_spark_plugin import __version__
 from vllm_spark_plugin import settings as settings_mod
+from vllm_spark_plugin import slo_settings
+from vllm_spark_plugin.definitions import SLO_OUTCOMES, slo_outcome
 from vllm_spark_plugin.metrics import errors, instruments
 from vllm_spark_plugin.metrics.derive import DerivedStep
 
 log = logging.getLogger("vllm_spark_plugin")
+
+
+TOO_FEW = "too few points"
+VERDICTS = ("ok", "no knee in the measured range", "retrograde", TOO_FEW, "no spread", "invalid input")
 
 
 def _finite(x) -> bool:
@@ -30,7 +36,8 @@ def _fmt_floor(f: float) -> str:
 class EngineChildren:
     """Labelled children cached once: `.labels()` costs ~2 us per call on the hot path."""
 
-    def __init__(self, ins: instruments.Instruments, model: str, engine: str) -> None:
+    def __init__(self, ins: instruments.Instruments, model: str, engine: str,
+                 floors: tuple[float, ...] = slo_settings.DEFAULT_FLOORS) -> None:
         lv = (model, engine)
         self.step_batch = ins.step_batch.labels(*lv)
         self.step_prefill = ins.step_tokens.labels(*lv, "prefill")
@@ -49,6 +56,11 @@ class EngineChildren:
         self._lv = lv
         self._finished_children: dict = {}
         self.invalid = ins.errors.labels(where="invalid_stats")
+        # latency SLO, per floor: (floor, {outcome: requests child}, {outcome: tokens child}); every
+        # outcome's series exists from the start, so attainment is defined as soon as requests finish
+        self.slo = tuple((f, {o: ins.slo_requests.labels(*lv, _fmt_floor(f), o) for o in SLO_OUTCOMES},
+                          {o: ins.slo_tokens.labels(*lv, _fmt_floor(f), o) for o in SLO_OUTCOMES}) for f in floors)
+        self.spare = tuple(ins.spare_capacity.labels(*lv, _fmt_floor(f)) for f in floors)
 
     def finished(self, reason: str):
         c = self._finished_children.get(reason)
@@ -60,16 +72,22 @@ class EngineChildren:
 class EngineState:
     def __init__(self, exporter: "Exporter", engine: str) -> None:
         self.engine = engine
-        self.children = EngineChildren(exporter.ins, exporter.model, engine)
+        self.floors = exporter.slo.floors
+        self.ttft_slo = exporter.slo.ttft_slo_seconds
+        self.children = EngineChildren(exporter.ins, exporter.model, engine, self.floors)
+        exporter.ins.ttft_slo.labels(exporter.model, engine).set(self.ttft_slo)
         self.knee = exporter.new_estimator()
         self.batch_sum = 0
         self.batch_n = 0
+        # capacity under both SLOs per floor (set by the refit) and the running count it is spared from
+        self.slo_capacity: tuple = (None,) * len(self.floors)
+        self.running_now: int | None = None
 
     def record(self, d: DerivedStep) -> None:
         c = self.children
         if d.invalid:
             c.invalid.inc(d.invalid)
-        if d.batch is not None and (d.batch > 0 or d.step_seconds is not None):
+        if d.batch is not None and d.count_batch and (d.batch > 0 or d.step_seconds is not None):
             if d.batch > 0:
                 c.step_batch.observe(d.batch)
             self.batch_sum += d.batch
@@ -86,6 +104,9 @@ class EngineState:
             c.kv_used.set(d.kv_used)
         if d.running is not None:
             c.running.set(d.running)
+            if d.running != self.running_now:
+                self.running_now = d.running
+                self.publish_spare()
         if d.waiting is not None:
             c.waiting.set(d.waiting)
         if d.generation_tokens:
@@ -96,10 +117,51 @@ class EngineState:
             c.preemptions.inc(d.preempted)
         for t in d.ttfts:
             c.ttft.observe(t)
+            if self.knee is not None and d.batch:
+                self.knee.observe_ttft(d.batch, t)
         for r in d.stream_rates:
             c.stream_rate.observe(r)
         for reason in d.finished_reasons:
             c.finished(reason).inc()
+        if d.finished_slo:
+            self.record_slo(d.finished_slo)
+
+    def record_hook_step(self, batch: int, step_seconds: float, prefill_tokens: int, decode_tokens: int,
+                         kv_used: int | None, tokens_per_stream: float) -> None:
+        """One scheduler-hook step (validated by the caller): the lean path of `record`."""
+        c = self.children
+        if batch > 0:
+            c.step_batch.observe(batch)
+        self.batch_sum += batch
+        self.batch_n += 1
+        c.step_duration.observe(step_seconds)
+        if prefill_tokens:
+            c.step_prefill.observe(prefill_tokens)
+        if decode_tokens:
+            c.step_decode.observe(decode_tokens)
+        if self.knee is not None and batch:
+            self.knee.observe(batch, prefill_tokens, step_seconds, tokens_per_stream)
+        if kv_used is not None:
+            c.kv_used.set(kv_used)
+
+    def record_slo(self, finished) -> None:
+        """Count each finished request (TTFT, rate, tokens) under its SLO outcome at every floor."""
+        ttft_slo = self.ttft_slo
+        for ttft, rate, tokens in finished:
+            for floor, requests, out_tokens in self.children.slo:
+                o = slo_outcome(ttft, rate, ttft_slo, floor)
+                requests[o].inc()
+                if tokens:
+                    out_tokens[o].inc(tokens)
+
+    def publish_spare(self) -> None:
+        """Spare capacity per floor = capacity under both SLOs - running streams (negative: overloaded)."""
+        running = self.running_now
+        if running is None:
+            return
+        for cap, child in zip(self.slo_capacity, self.children.spare):
+            if cap is not None:
+                child.set(cap - running)
 
     def take_mean_batch(self) -> float:
         n, s = self.batch_n, self.batch_sum
@@ -110,7 +172,8 @@ class EngineState:
 
 class Exporter:
     def __init__(self, model: str, settings: settings_mod.Settings | None = None) -> None:
-        self.settings = settings or settings_mod.load()
+        self.settings = settings or settings_mod.current()
+        self.slo = slo_settings.from_settings(self.settings)
         self.model = model
         self.ins = instruments.get()
         self.engines: dict[int, EngineState] = {}
@@ -118,9 +181,11 @@ class Exporter:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._hw = None
+        self._mem = None   # memory_telemetry.MemoryTelemetry, created on the telemetry thread
         self._hw_leader = None
         self.total_blocks: int | None = None
         self._profile_mtime: float | None = None
+        self._read_spilled = None
 
     # -- engines ----------------------------------------------------------------------------------
     def new_estimator(self):
@@ -138,6 +203,8 @@ class Exporter:
                 st = self.engines.get(idx)
                 if st is None:
                     st = self.engines[idx] = EngineState(self, str(idx))
+                    self.publish_verdict((self.model, st.engine), TOO_FEW)  # on /metrics from the first scrape
+                    self.ins.fit_samples.labels(self.model, st.engine).set(0)
                     if self.total_blocks:
                         st.children.kv_total.set(self.total_blocks)
         return st
@@ -149,8 +216,17 @@ class Exporter:
                 st.children.kv_total.set(total)
 
     # -- static series ----------------------------------------------------------------------------
-    def set_info(self, vllm_version: str, device: str, moe_backend: str) -> None:
-        self.ins.info.labels(__version__, vllm_version, device, moe_backend or "none", self.model).set(1)
+    def set_info(self, vllm_version: str, device: str, moe_backend: str, features_off: str = "none") -> None:
+        info = self.ins.info
+        for labels in list(getattr(info, "_metrics", {})):  # one info series: drop an earlier label set
+            if labels[4] == self.model:
+                info.remove(*labels)
+        info.labels(__version__, vllm_version, device, moe_backend or "none", self.model, features_off).set(1)
+
+    def absorb_errors_from(self, read_spilled) -> None:
+        """Errors contained in processes without an exporter (engine core, workers) are added to
+        this process's count by the telemetry thread: `read_spilled()` -> {pid: {where: total}}."""
+        self._read_spilled = read_spilled
 
     def watch_profile(self) -> None:
         """(Re)load the offline profile when its file appears or changes (a sweep can rewrite it)."""
@@ -206,6 +282,11 @@ class Exporter:
                 self.watch_profile()
             except Exception as exc:
                 errors.report("profile", exc)
+            if self._read_spilled is not None and self._is_hw_leader():
+                try:
+                    errors.absorb(self._read_spilled())
+                except Exception as exc:
+                    errors.report("absorb_errors", exc)
             now = time.monotonic()
             if now >= next_knee:
                 next_knee = now + self.settings.knee_refit_seconds
@@ -236,20 +317,19 @@ class Exporter:
         if not self._is_hw_leader():
             return
         ins = self.ins
-        try:
-            mem = hardware.read_meminfo()
-            for kind, v in mem.items():
-                ins.memory.labels(kind).set(v)
-        except Exception as exc:
-            errors.report("meminfo", exc)
-        for (kind, window), v in hardware.read_psi().items():
-            ins.pressure.labels(kind, window).set(v)
+        if self._mem is None:
+            from vllm_spark_plugin.metrics.memory_telemetry import MemoryTelemetry
+            self._mem = MemoryTelemetry(ins)
+        self._mem.sample()  # /proc/meminfo, /proc/pressure/memory, kernel log (NVRM events); never raises
         if self._hw is None:
             self._hw = hardware.NvmlSampler(nvml)
             self._hw.init()
         if not self._hw.available:
+            self._mem.sample_gpu_memory(None)
             return
-        for r in self._hw.sample():
+        rows = self._hw.sample()
+        self._mem.sample_gpu_memory(rows)
+        for r in rows:
             g = r["gpu"]
             if "energy_delta_j" in r:
                 ins.energy.labels(g).inc(r["energy_delta_j"])  # 0 on the first reading: the series exists
@@ -264,6 +344,10 @@ class Exporter:
             for reason, active in r.get("reasons", {}).items():
                 ins.clock_event.labels(g, reason).set(active)
 
+    def publish_verdict(self, lv: tuple, verdict: str) -> None:
+        for v in VERDICTS:
+            self.ins.verdict.labels(*lv, v).set(1 if v == verdict else 0)
+
     def refresh_knee(self) -> None:
         """Refit each engine's step-time model and set the knee gauges (never NaN or infinite)."""
         ins = self.ins
@@ -271,15 +355,14 @@ class Exporter:
             mean_batch = st.take_mean_batch()
             if st.knee is None:
                 continue
-            res = st.knee.estimate()
+            res = st.knee.estimate(force=True)  # the telemetry loop's timer is the one throttle
             lv = (self.model, st.engine)
+            self.publish_slo_capacity(st, res)
             n = getattr(res, "n", None) if res is not None else None
             ins.fit_samples.labels(*lv).set(n if _finite(n) else 0)
+            self.publish_verdict(lv, str(getattr(res, "verdict", "unknown")) if res is not None else TOO_FEW)
             if res is None:
                 continue
-            verdict = str(getattr(res, "verdict", "unknown"))
-            for v in ("ok", "no knee in the measured range", "retrograde", "too few points", "no spread", "invalid input"):
-                ins.verdict.labels(*lv, v).set(1 if v == verdict else 0)
             knee = getattr(res, "knee", None)
             for gauge, value in ((ins.knee, knee), (ins.max_throughput, getattr(res, "plateau_tokens_per_second", None)),
                                  (ins.alpha, getattr(res, "alpha_seconds", None)), (ins.beta, getattr(res, "beta_seconds", None)),
@@ -291,6 +374,29 @@ class Exporter:
                     ins.capacity.labels(*lv, _fmt_floor(float(floor))).set(streams)
             if _finite(knee) and knee > 0:
                 ins.knee_ratio.labels(*lv).set(mean_batch / knee)
+
+    def publish_slo_capacity(self, st: EngineState, res) -> None:
+        """TTFT capacity and its verdict, capacity under both SLOs per floor, and the spare capacity."""
+        from vllm_spark_plugin.knee.result import floor_key
+        from vllm_spark_plugin.knee.slo_capacity import VERDICTS, capacity_under_both
+
+        ins = self.ins
+        lv = (self.model, st.engine)
+        ttft = st.knee.ttft_capacity()
+        if ttft.streams is not None:
+            ins.capacity_ttft.labels(*lv).set(ttft.streams)
+        for v in VERDICTS:
+            ins.capacity_ttft_verdict.labels(*lv, v).set(1 if v == ttft.verdict else 0)
+        floor_caps = getattr(res, "capacity", None) or {}
+        caps = []
+        for f in st.floors:
+            fc = floor_caps.get(floor_key(f))
+            cap = capacity_under_both(fc if _finite(fc) else None, ttft)
+            caps.append(cap)
+            if cap is not None:
+                ins.slo_capacity.labels(*lv, _fmt_floor(f)).set(cap)
+        st.slo_capacity = tuple(caps)
+        st.publish_spare()
 
 
 _exporters: dict[str, Exporter] = {}

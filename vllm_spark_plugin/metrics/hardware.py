@@ -122,6 +122,10 @@ class NvmlSampler:
             u = self._read(idx, "utilization", nv.nvmlDeviceGetUtilizationRates, h)
             if u is not None:
                 r["utilization"] = getattr(u, "gpu", 0) / 100.0
+            mem_fn = getattr(nv, "nvmlDeviceGetMemoryInfo", None)
+            mem = self._read(idx, "memory", mem_fn, h) if mem_fn else None  # NOT_SUPPORTED on GB10
+            if mem is not None:
+                r["memory"] = {k: int(getattr(mem, k)) for k in ("total", "free", "used") if hasattr(mem, k)}
             fn = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(nv, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
             bits = self._read(idx, "clock_events", fn, h) if fn else None
             if bits is not None:

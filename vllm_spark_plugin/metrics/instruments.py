@@ -60,6 +60,20 @@ class Instruments:
         self.profile_max = _gauge(n.PROFILE_MAX_THROUGHPUT, "Plateau from the offline sweep profile, tokens/s.", ("model_name",), registry=r)
         self.profile_capacity = _gauge(n.PROFILE_CAPACITY_STREAMS, "Capacity at the floor from the offline sweep profile, streams.",
                                        ("model_name", "floor"), registry=r)
+        # latency SLO
+        self.slo_requests = Counter(n.SLO_REQUESTS, "Finished requests by latency-SLO outcome (met, missed_ttft, missed_rate, "
+                                    "missed_both) at each per-stream floor (label floor, tok/s).", LABELS + ("floor", "outcome"), registry=r)
+        self.slo_tokens = Counter(n.SLO_OUTPUT_TOKENS, "Output tokens of finished requests by latency-SLO outcome at each floor; "
+                                  "goodput = rate of outcome=\"met\".", LABELS + ("floor", "outcome"), registry=r)
+        self.ttft_slo = _gauge(n.TTFT_SLO, "The TTFT SLO finished requests are judged by, seconds.", registry=r)
+        self.capacity_ttft = _gauge(n.CAPACITY_TTFT, "Highest batch whose observed median TTFT is within the TTFT SLO, streams "
+                                    "(an upper bound when the verdict is 'exceeded at the smallest observed batch').", registry=r)
+        self.capacity_ttft_verdict = _gauge(n.CAPACITY_TTFT_VERDICT, "1 for the current verdict of the TTFT capacity (label verdict).",
+                                            LABELS + ("verdict",), registry=r)
+        self.slo_capacity = _gauge(n.SLO_CAPACITY, "Capacity under both SLOs: min(capacity at the floor, TTFT capacity), streams.",
+                                   LABELS + ("floor",), registry=r)
+        self.spare_capacity = _gauge(n.SPARE_CAPACITY, "Capacity under both SLOs minus the running streams (negative when "
+                                     "overloaded), streams.", LABELS + ("floor",), registry=r)
         # hardware
         self.energy = Counter(n.GPU_ENERGY, "GPU energy since the plugin started (NVML total energy deltas), joules.", ("gpu",), registry=r)
         self.power = _gauge(n.GPU_POWER, "GPU power draw, watts.", ("gpu",), registry=r)
@@ -70,11 +84,28 @@ class Instruments:
         self.memory = _gauge(n.UNIFIED_MEMORY, "Host/unified memory from /proc/meminfo, bytes (kind=total|available|used).", ("kind",), registry=r)
         self.pressure = _gauge(n.MEMORY_PRESSURE, "Memory pressure stall information (/proc/pressure/memory), share of time 0-1.",
                                ("kind", "window"), registry=r)
+        # unified-memory failures (metrics/memory_telemetry.py)
+        self.meminfo = _gauge(n.MEMINFO, "/proc/meminfo fields that explain a unified-memory failure, bytes "
+                              "(field=MemFree|Cached|Buffers|SReclaimable|Shmem|SwapTotal|SwapFree).", ("field",), registry=r)
+        self.reclaimable = _gauge(n.MEMORY_RECLAIMABLE, "Memory that dropping caches gives back: Cached + Buffers - Shmem + SReclaimable, bytes.",
+                                  (), registry=r)
+        self.pressure_stall = Counter(n.MEMORY_PRESSURE_STALL, "Time tasks stalled on memory since the plugin started "
+                                      "(/proc/pressure/memory total deltas), seconds.", ("kind",), registry=r)
+        self.nvrm_events = Counter(n.NVRM_EVENTS, "NVIDIA driver (NVRM) events in the kernel log since the plugin started, "
+                                   "by kind (nv_err_no_memory, xid).", ("kind",), registry=r)
+        self.nvrm_xid = Counter(n.NVRM_XID_EVENTS, "NVIDIA driver Xid events in the kernel log since the plugin started, by Xid code.",
+                                ("xid",), registry=r)
+        self.gpu_memory = _gauge(n.GPU_MEMORY, "GPU memory as NVML reports it (absent where NOT_SUPPORTED, as on GB10), bytes.",
+                                 ("gpu", "kind"), registry=r)
+        self.source_available = _gauge(n.MEMORY_SOURCE_AVAILABLE, "1 when the memory source could be read at the last sample, 0 when not "
+                                       "(source=meminfo|psi|kernel_log|nvml_memory).", ("source",), registry=r)
         # plugin
         self.errors = Counter(n.PLUGIN_ERRORS, "Exceptions and invalid values the plugin contained instead of letting them reach vLLM.",
                               ("where",), registry=r)
-        self.info = _gauge(n.INFO, "Plugin build and environment (value 1).",
-                           ("version", "vllm_version", "device", "moe_backend", "model_name"), registry=r)
+        self.info = _gauge(n.INFO, "Plugin build and environment (value 1); features_off names the features the installed vLLM "
+                           "does not support ('none' when all are on).",
+                           ("version", "vllm_version", "device", "moe_backend", "model_name", "features_off"),
+                           registry=r)
         errors.bind_counter(self.errors)
 
 

@@ -32,6 +32,14 @@ KNEE_VERDICT = PREFIX + "knee_verdict"                            # gauge=1, lab
 PROFILE_KNEE_BATCH = PREFIX + "profile_knee_batch_size"           # gauge, offline (sweep) knee
 PROFILE_MAX_THROUGHPUT = PREFIX + "profile_max_throughput_tokens_per_second"
 PROFILE_CAPACITY_STREAMS = PREFIX + "profile_capacity_streams"    # gauge, label floor
+# latency SLO (definitions.slo_outcome): attainment and goodput are rate() ratios of these counters
+SLO_REQUESTS = PREFIX + "slo_requests_total"                      # counter, labels floor, outcome
+SLO_OUTPUT_TOKENS = PREFIX + "slo_output_tokens_total"            # counter, labels floor, outcome
+TTFT_SLO = PREFIX + "ttft_slo_seconds"                            # gauge, the TTFT SLO requests are judged by
+CAPACITY_TTFT = PREFIX + "capacity_ttft_streams"                  # gauge, highest batch with median TTFT within the SLO
+CAPACITY_TTFT_VERDICT = PREFIX + "capacity_ttft_verdict"          # gauge=1, label verdict
+SLO_CAPACITY = PREFIX + "slo_capacity_streams"                    # gauge, label floor: capacity under both SLOs
+SPARE_CAPACITY = PREFIX + "spare_capacity_streams"                # gauge, label floor: SLO capacity - running
 # hardware
 GPU_ENERGY = PREFIX + "gpu_energy_joules_total"                   # counter
 GPU_POWER = PREFIX + "gpu_power_watts"                            # gauge
@@ -41,6 +49,14 @@ GPU_UTILIZATION = PREFIX + "gpu_utilization_ratio"                # gauge 0-1
 GPU_CLOCK_EVENT = PREFIX + "gpu_clock_event_active"               # gauge 0/1, label reason
 UNIFIED_MEMORY = PREFIX + "unified_memory_bytes"                  # gauge, label kind=total|available|used
 MEMORY_PRESSURE = PREFIX + "memory_pressure_ratio"                # gauge, label window (PSI some avg10..)
+# unified-memory failures (metrics/memory_sources.py): what explains a driver allocation failure
+MEMINFO = PREFIX + "meminfo_bytes"                                # gauge, label field=MemFree|Cached|Buffers|SReclaimable|Shmem|SwapTotal|SwapFree
+MEMORY_RECLAIMABLE = PREFIX + "memory_reclaimable_bytes"          # gauge, Cached + Buffers - Shmem + SReclaimable
+MEMORY_PRESSURE_STALL = PREFIX + "memory_pressure_stall_seconds_total"  # counter, label kind=some|full (PSI total deltas)
+NVRM_EVENTS = PREFIX + "nvrm_events_total"                        # counter, label kind=nv_err_no_memory|xid (kernel log)
+NVRM_XID_EVENTS = PREFIX + "nvrm_xid_events_total"                # counter, label xid (the Xid code)
+GPU_MEMORY = PREFIX + "gpu_memory_bytes"                          # gauge, labels gpu, kind=total|free|used (NVML, where supported)
+MEMORY_SOURCE_AVAILABLE = PREFIX + "memory_source_available"      # gauge 0/1, label source=meminfo|psi|kernel_log|nvml_memory
 # plugin
 PLUGIN_ERRORS = PREFIX + "plugin_errors_total"                    # counter, label where
 INFO = PREFIX + "info"                                            # gauge=1

@@ -1,6 +1,6 @@
 """Decide the NVFP4 MoE backend once per process, when the first NVFP4 MoE layer is built.
 
-Glue between vLLM (through `_vllm`: backend availability, the kernel runner, vLLM's reference
+Glue between vLLM (through the port, `vllm_spark_plugin.vllm`: backend availability, the kernel runner, vLLM's reference
 dequantiser) and the pure policy (`policy.decide`) and self-check (`selfcheck`).
 """
 from __future__ import annotations
@@ -26,26 +26,27 @@ def decide_once(moe_config, quant_config) -> policy.Decision:
 
 
 def _decide(moe_config, quant_config) -> policy.Decision:
-    from vllm_spark_plugin import _vllm, settings
+    from vllm_spark_plugin import settings
+    from vllm_spark_plugin.vllm import kernels, platform
 
-    setting = settings.load().moe_backend
+    setting = settings.current().moe_backend
     vllm_backend = str(getattr(moe_config, "moe_backend", policy.AUTO) or policy.AUTO)
-    capability = _vllm.device_capability() if _vllm.has_cuda() else None
+    capability = platform.device_capability() if platform.has_cuda() else None
     if capability is None or not policy.is_sm12x(capability) or vllm_backend != policy.AUTO:
         return policy.decide(capability, {}, None, setting, vllm_backend)
     use_a16 = getattr(quant_config, "quant_method", "NVFP4") == "W4A16_NVFP4"
     try:
-        available = _vllm.nvfp4_moe_backend_availability(moe_config, use_a16, policy.SM12X_PREFERENCE)
+        available = kernels.nvfp4_moe_backend_availability(moe_config, use_a16, policy.SM12X_PREFERENCE)
     except Exception as exc:
         log.warning("vllm-spark-plugin: cannot enumerate NVFP4 MoE backends (%r): vLLM decides", exc)
         return policy.Decision(policy.AUTO, f"backend enumeration failed: {exc!r}", "vllm-auto")
-    if _vllm.moe_is_parallel(moe_config):
+    if kernels.moe_is_parallel(moe_config):
         # The small self-check problem cannot stand in for a sharded layer: keep the measured
         # preference order unchecked (the log says "self-check skipped").
         return policy.decide(capability, available, None, setting, vllm_backend)
     check = selfcheck.make_self_check(
-        lambda name: _vllm.nvfp4_moe_runner(name, moe_config, quant_config),
-        dequant=_vllm.vllm_reference_dequantize)
+        lambda name: kernels.nvfp4_moe_runner(name, moe_config, quant_config),
+        dequant=kernels.vllm_reference_dequantize)
     return policy.decide(capability, available, check, setting, vllm_backend)
 
 

@@ -127,7 +127,7 @@ def gpu_bench(shape: MoEShape, iters: int = 20) -> Callable[[dict, int], float]:
     """Seconds per fused-MoE call of vLLM's Triton kernel with a given config (CUDA events)."""
     import torch
 
-    from vllm_spark_plugin import _vllm
+    from vllm_spark_plugin.vllm import kernels, platform
 
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(0)
@@ -138,7 +138,7 @@ def gpu_bench(shape: MoEShape, iters: int = 20) -> Callable[[dict, int], float]:
     if shape.dtype == "fp8_w8a8":
         w1, w2 = w1.to(torch.float8_e4m3fn), w2.to(torch.float8_e4m3fn)
         ones = torch.ones(e, device=dev, dtype=torch.float32)
-        quant_config = _vllm.fp8_w8a8_moe_quant_config(ones, ones, None, None)
+        quant_config = kernels.fp8_w8a8_moe_quant_config(ones, ones, None, None)
     cache: dict[int, tuple] = {}
 
     def bench(cfg: dict, m: int) -> float:
@@ -149,11 +149,11 @@ def gpu_bench(shape: MoEShape, iters: int = 20) -> Callable[[dict, int], float]:
             cache[m] = (x, w.to(torch.float32), ids.to(torch.int32))
         x, tw, ti = cache[m]
         for _ in range(2):
-            _vllm.run_triton_fused_moe(x, w1, w2, tw, ti, cfg, quant_config)
+            kernels.run_triton_fused_moe(x, w1, w2, tw, ti, cfg, quant_config)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         for _ in range(iters):
-            _vllm.run_triton_fused_moe(x, w1, w2, tw, ti, cfg, quant_config)
+            kernels.run_triton_fused_moe(x, w1, w2, tw, ti, cfg, quant_config)
         end.record()
         torch.cuda.synchronize()
         return start.elapsed_time(end) / 1e3 / iters
@@ -210,11 +210,11 @@ def run(args) -> int:
         print("vllm-spark tune-moe: no CUDA GPU here: tuning measures kernels on the GPU that will serve "
               "(run it on the DGX Spark)", file=sys.stderr)
         return 2
-    from vllm_spark_plugin import _vllm
+    from vllm_spark_plugin.vllm import kernels, platform
 
     space = search_space(shape.dtype, quick=args.quick)
-    file_name = _vllm.fused_moe_config_file_name(shape.experts, shape.intermediate, shape.dtype)
-    print(f"tuning {file_name}: {len(space)} configs x {len(batches)} batch sizes on {_vllm.device_name()}")
+    file_name = kernels.fused_moe_config_file_name(shape.experts, shape.intermediate, shape.dtype)
+    print(f"tuning {file_name}: {len(space)} configs x {len(batches)} batch sizes on {platform.device_name()}")
     t0 = time.monotonic()
     try:
         configs = tune(batches, space, gpu_bench(shape, args.iters), progress=print)

@@ -12,6 +12,11 @@ With fewer points than free factors, a factor the data cannot see (compute below
 step), or factors the data cannot tell apart (a dense model's per-stream memory and compute terms are
 both linear in b), the lower-priority factor keeps its value (priority: bandwidth, overhead, compute);
 a factor that comes out non-positive is also held.
+
+`fit_efficiency` treats every factor as the machine's.  `calibrate_split` (what the command line
+uses) keeps the model's own factors apart (plan/jointfit.py), so that a saved calibration carried to
+another model brings only the machine/engine part: calibration file version 2 stores both, and the
+model part is applied only to the same model.
 """
 from __future__ import annotations
 
@@ -25,10 +30,10 @@ import numpy as np
 
 from vllm_spark_plugin.definitions import SweepPoint
 from vllm_spark_plugin.plan.deployment import Deployment, PlanError
-from vllm_spark_plugin.plan.stepmodel import Efficiency, StepModel
+from vllm_spark_plugin.plan.stepmodel import Efficiency, ModelFactors, StepModel
 
 FORMAT = "vllm-spark-plan-calibration"
-VERSION = 1
+VERSION = 2          # 2: machine/engine factors apart from the model's (version 1 files are read too)
 FACTORS = ("bandwidth", "overhead", "compute")  # priority order when the data supports fewer
 
 
@@ -40,13 +45,21 @@ class Calibration:
     points: list = field(default_factory=list)
     model_inputs: dict = field(default_factory=dict)
     rms_relative_error: float | None = None
+    engine: str = "vllm"
+    model_name: str = ""
+    model_factors: ModelFactors | None = None  # apply only to the same model
+
+    def factors_for(self, model_name: str) -> ModelFactors | None:
+        return self.model_factors if self.model_factors is not None and model_name == self.model_name else None
 
     def to_dict(self) -> dict:
         return {
-            "format": FORMAT, "version": VERSION, "hardware": self.hardware,
+            "format": FORMAT, "version": VERSION, "hardware": self.hardware, "engine": self.engine,
             "bandwidth_efficiency": self.efficiency.bandwidth,
             "compute_efficiency": self.efficiency.compute,
             "overhead_scale": self.efficiency.overhead_scale,
+            "link_scale": self.efficiency.link_scale,
+            "model": None if self.model_factors is None else {"name": self.model_name, **self.model_factors.to_dict()},
             "fitted": list(self.fitted),
             "fit": {"model_inputs": self.model_inputs, "points": self.points,
                     "rms_relative_error": self.rms_relative_error},
@@ -124,6 +137,33 @@ def fit_efficiency(dep: Deployment, points: Iterable[SweepPoint], base: Efficien
                        model_inputs=dep.inputs(), rms_relative_error=rms)
 
 
+def calibrate_split(dep: Deployment, points: Iterable[SweepPoint], base: Efficiency | None = None) -> Calibration:
+    """Fit a sweep of one model, keeping the machine/engine factors apart from the model's own
+    (plan/jointfit.py): what is saved for other models is only the machine's part."""
+    from vllm_spark_plugin.plan.jointfit import Observation, fit_joint
+
+    usable = [(p, observed_step_seconds(p)) for p in points]
+    usable = [(p, t) for p, t in usable if t is not None and t > 0 and p.concurrency and p.concurrency >= 1]
+    obs = [Observation(dep=dep, concurrency=p.concurrency, rate=p.concurrency / t, model=dep.arch.name,
+                       engine=dep.serving.engine) for p, t in usable]
+    if not obs:
+        raise PlanError("calibration needs at least one point with a concurrency and a positive aggregate or per-stream rate")
+    fit = fit_joint(obs, base=base)
+    eff, mf = fit.machine[dep.serving.engine], fit.models[dep.arch.name]
+    eff.source = "calibrated"
+    sm = StepModel(dep, eff, mf)
+    pts, errs = [], []
+    for o, (p, _) in zip(obs, usable):
+        pred = sm.aggregate_rate(o.concurrency)
+        err = pred / o.rate - 1.0
+        errs.append(err)
+        pts.append({"concurrency": o.concurrency, "observed_aggregate_tokens_per_second": o.rate,
+                    "predicted_aggregate_tokens_per_second": pred, "relative_error": err, "label": p.label})
+    return Calibration(efficiency=eff, hardware=dep.hw.name, fitted=fit.fitted, points=pts,
+                       model_inputs=dep.inputs(), rms_relative_error=math.sqrt(sum(e * e for e in errs) / len(errs)),
+                       engine=dep.serving.engine, model_name=dep.arch.name, model_factors=mf)
+
+
 def save_calibration(cal: Calibration, path: str | Path) -> None:
     Path(path).write_text(json.dumps(cal.to_dict(), indent=2) + "\n", encoding="utf-8")
 
@@ -138,18 +178,27 @@ def load_calibration(path: str | Path) -> Calibration:
         raise PlanError(f"{p}: not valid JSON ({exc})") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise PlanError(f"{p}: not a planner calibration file (expected \"format\": \"{FORMAT}\")")
-    if doc.get("version") != VERSION:
-        raise PlanError(f"{p}: unsupported calibration version {doc.get('version')!r} (this planner reads {VERSION})")
+    if doc.get("version") not in (1, VERSION):
+        raise PlanError(f"{p}: unsupported calibration version {doc.get('version')!r} (this planner reads 1 and {VERSION})")
     try:
         eff = Efficiency(bandwidth=float(doc["bandwidth_efficiency"]), compute=float(doc["compute_efficiency"]),
-                         overhead_scale=float(doc["overhead_scale"]), source="calibration file")
+                         overhead_scale=float(doc["overhead_scale"]), source="calibration file",
+                         link_scale=float(doc.get("link_scale", 1.0)))
         eff.validate()
-    except (KeyError, TypeError, ValueError) as exc:
+        model = doc.get("model") or None
+        mf = None
+        if model is not None:
+            mf = ModelFactors(routing_skew=None if model.get("routing_skew") is None else float(model["routing_skew"]),
+                              overhead_scale=float(model.get("overhead_scale", 1.0)),
+                              per_stream_scale=float(model.get("per_stream_scale", 1.0)))
+            mf.validate()
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise PlanError(f"{p}: bad calibration value ({exc})") from None
     fit = doc.get("fit") or {}
     return Calibration(efficiency=eff, hardware=str(doc.get("hardware", "")), fitted=list(doc.get("fitted", [])),
                        points=list(fit.get("points", [])), model_inputs=dict(fit.get("model_inputs", {})),
-                       rms_relative_error=fit.get("rms_relative_error"))
+                       rms_relative_error=fit.get("rms_relative_error"), engine=str(doc.get("engine", "vllm")),
+                       model_name=str((model or {}).get("name", "")), model_factors=mf)
 
 
 def points_from_file(path: str, label: str | None = None) -> tuple[str, list[SweepPoint]]:

@@ -8,6 +8,7 @@ import sys
 from vllm_spark_plugin.definitions import DEFAULT_FLOOR_TOKENS_PER_SECOND
 from vllm_spark_plugin.plan.arch import ConfigError, builtin_models
 from vllm_spark_plugin.plan.deployment import GiB, Deployment, PlanError, default_compute_dtype
+from vllm_spark_plugin.plan.engine import ENGINES, LINEAR_BACKENDS, MOE_BACKENDS
 from vllm_spark_plugin.plan.formats import (KV_DTYPE_BYTES, SCOPES, STATE_DTYPE_BYTES, WEIGHT_FORMAT_BITS,
                                             component_formats)
 from vllm_spark_plugin.plan.hardware import HardwareError, builtin_profiles, load_hardware
@@ -110,6 +111,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--cudagraph-gib", type=_nonneg_float, default=1.0, help="CUDA-graph memory (default 1 GiB)")
     p.add_argument("--max-num-batched-tokens", type=_positive_int, default=8192)
     p.add_argument("--max-num-seqs", type=_positive_int, default=256)
+    s = parser.add_argument_group("serving (sources in docs/plan.md, 'Serving options')")
+    s.add_argument("--engine", default="vllm", choices=sorted(ENGINES),
+                   help="serving engine: sets the per-step overhead (default vllm)")
+    s.add_argument("--moe-backend", default="auto", choices=MOE_BACKENDS, help="MoE kernel path (vLLM --moe-backend)")
+    s.add_argument("--linear-backend", default="auto", choices=LINEAR_BACKENDS,
+                   help="dense linear kernel path (vLLM --linear-backend)")
+    s.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs: every kernel pays a host launch")
+    s.add_argument("--expert-parallel", action="store_true",
+                   help="experts spread over the tp ranks (all-to-all dispatch/combine instead of the MoE all-reduce)")
+    s.add_argument("--spec-method", default="mtp", choices=["mtp", "draft"], help="speculative decoding method")
+    s.add_argument("--spec-tokens", type=_positive_int, default=None, help="drafted tokens per step (turns speculation on)")
+    s.add_argument("--spec-acceptance-length", type=_positive_float, default=None,
+                   help="mean tokens emitted per step per stream, 1..N+1 (default 1 + sum of 0.85^i)")
+    s.add_argument("--spec-draft-cost", type=_nonneg_float, default=None,
+                   help="cost of one drafted token as a fraction of a target step (default for mtp: one layer + lm_head)")
+    s.add_argument("--routing-skew", type=_nonneg_float, default=None,
+                   help="MoE routing skew (0 uniform; default: the model's published routing statistic)")
     e = parser.add_argument_group("efficiency and calibration")
     e.add_argument("--bandwidth-efficiency", type=_positive_float, default=None,
                    help="fraction of nominal bandwidth achieved (default 0.85)")
@@ -163,30 +181,50 @@ def build_deployment(args) -> tuple[Deployment, dict]:
         context=args.context, prompt_tokens=args.prompt_tokens or min(1024, args.context),
         tp=tp, pp=pp, dp=dp, gpu_memory_utilization=util, os_reserve_bytes=os_reserve,
         cudagraph_bytes=args.cudagraph_gib * GiB, max_num_batched_tokens=args.max_num_batched_tokens,
-        max_num_seqs=args.max_num_seqs, text_only=args.text_only)
+        max_num_seqs=args.max_num_seqs, text_only=args.text_only, serving=_serving(args),
+        model_routing=doc.get("routing") or {})
     return dep, doc
 
 
+def _serving(args):
+    from vllm_spark_plugin.plan.engine import Serving, SpecDecode
+
+    spec = None
+    if args.spec_tokens:
+        spec = SpecDecode(method=args.spec_method, num_tokens=args.spec_tokens,
+                          acceptance_length=args.spec_acceptance_length, draft_cost=args.spec_draft_cost)
+    elif args.spec_acceptance_length is not None or args.spec_draft_cost is not None:
+        raise PlanError("--spec-acceptance-length / --spec-draft-cost need --spec-tokens N")
+    return Serving(engine=args.engine, moe_backend=args.moe_backend, linear_backend=args.linear_backend,
+                   enforce_eager=args.enforce_eager, expert_parallel=args.expert_parallel, spec=spec,
+                   routing_skew=args.routing_skew)
+
+
 def _efficiency(args, dep):
-    from vllm_spark_plugin.plan.calibrate import (fit_efficiency, load_calibration, parse_point,
-                                                  points_from_file, save_calibration)
+    """Machine/engine factors and the model's own factors: from a calibration file, a fit, or by hand."""
+    from vllm_spark_plugin.plan.calibrate import (calibrate_split, load_calibration, parse_point, points_from_file,
+                                                  save_calibration)
     from vllm_spark_plugin.plan.stepmodel import Efficiency
 
-    eff, cal, cal_file = Efficiency(), None, None
+    eff, model, cal, cal_file = Efficiency(), None, None, None
     if args.calibration:
         cal = load_calibration(args.calibration)
         eff, cal_file = cal.efficiency, args.calibration
+        model = cal.factors_for(dep.arch.name)
         if cal.hardware and cal.hardware != dep.hw.name:
             print(f"{PROG}: warning: calibration {args.calibration} was fitted on {cal.hardware!r}, "
                   f"planning for {dep.hw.name!r}", file=sys.stderr)
+        if cal.engine and cal.engine != dep.serving.engine:
+            print(f"{PROG}: warning: calibration {args.calibration} was fitted with engine {cal.engine!r}, "
+                  f"planning for {dep.serving.engine!r}", file=sys.stderr)
     points = [parse_point(t) for t in args.calibrate_point]
     if args.calibrate:
         _label, file_points = points_from_file(args.calibrate, args.calibrate_label)
         points += file_points
         cal_file = args.calibrate
     if points:
-        cal = fit_efficiency(dep, points, base=eff)
-        eff = cal.efficiency
+        cal = calibrate_split(dep, points, base=eff)
+        eff, model = cal.efficiency, cal.model_factors
     if args.save_calibration:
         if cal is None:
             raise PlanError("--save-calibration needs --calibrate FILE or --calibrate-point")
@@ -194,13 +232,13 @@ def _efficiency(args, dep):
     if args.bandwidth_efficiency is not None or args.compute_efficiency is not None or args.overhead_scale is not None:
         eff = Efficiency(bandwidth=args.bandwidth_efficiency or eff.bandwidth,
                          compute=args.compute_efficiency or eff.compute,
-                         overhead_scale=args.overhead_scale or eff.overhead_scale,
+                         overhead_scale=args.overhead_scale or eff.overhead_scale, link_scale=eff.link_scale,
                          source="command line" if eff.source == "defaults" else f"{eff.source} + command line")
     try:
         eff.validate()
     except ValueError as exc:
         raise PlanError(str(exc)) from None
-    return eff, cal, cal_file
+    return eff, model, cal, cal_file
 
 
 def run(args) -> int:
@@ -213,8 +251,8 @@ def run(args) -> int:
         from vllm_spark_plugin.plan.report import render_table, write_plot
 
         dep, doc = build_deployment(args)
-        eff, cal, cal_file = _efficiency(args, dep)
-        plan = make_plan(dep, eff, floor=args.floor, concurrencies=args.concurrency, calibration=cal,
+        eff, model, cal, cal_file = _efficiency(args, dep)
+        plan = make_plan(dep, eff, model_factors=model, floor=args.floor, concurrencies=args.concurrency, calibration=cal,
                          calibration_file=cal_file, model_doc=doc)
         if args.plot:
             try:

@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, field
 
 from vllm_spark_plugin.plan.arch import ModelArch, Params, active_params, count_params
+from vllm_spark_plugin.plan.engine import Serving
 from vllm_spark_plugin.plan.formats import (COMPUTE_DTYPE, KV_DTYPE_BYTES, STATE_DTYPE_BYTES, bits,
                                             component_formats)
 from vllm_spark_plugin.plan.hardware import Hardware
@@ -46,6 +47,8 @@ class Deployment:
     max_num_batched_tokens: int = 8192
     max_num_seqs: int = 256
     text_only: bool = False
+    serving: Serving = field(default_factory=Serving)
+    model_routing: dict = field(default_factory=dict)  # the model file's published routing statistic
     params: Params = field(default=None)  # type: ignore[assignment]
 
     def __post_init__(self):
@@ -65,6 +68,10 @@ class Deployment:
             raise PlanError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.pp > self.arch.n_layers:
             raise PlanError(f"pp={self.pp} exceeds the model's {self.arch.n_layers} layers")
+        try:
+            self.serving.validate(self.tp)
+        except ValueError as exc:
+            raise PlanError(str(exc)) from None
         a = self.arch
         for heads, what in ((a.n_kv_heads, "KV heads"), (a.n_heads, "attention heads"),
                             (a.lin_v_heads, "linear-attention value heads"), (a.mamba_heads, "Mamba heads")):
@@ -189,6 +196,19 @@ class Deployment:
                 f += 6 * a.mamba_heads * a.mamba_head_dim * a.mamba_state
         return f
 
+    def routing_skew(self) -> tuple[float, str]:
+        """(skew, where it came from): the serving option if set, else the model's published statistic."""
+        from vllm_spark_plugin.plan.routing import skew_from_routing_doc
+
+        if self.serving.routing_skew is not None:
+            return self.serving.routing_skew, "set by hand"
+        if not self.arch.is_moe:
+            return 0.0, "dense model"
+        try:
+            return skew_from_routing_doc(self.model_routing, self.arch.n_experts, self.arch.top_k)
+        except ValueError as exc:
+            raise PlanError(f"model routing statistic: {exc}") from None
+
     def allreduces_per_step(self) -> int:
         """Two per decoder layer (after attention and after the MLP); one per Nemotron-style sublayer."""
         return sum((1 if l.mixer else 0) + (1 if l.ffn else 0) for l in self.arch.layers)
@@ -218,6 +238,8 @@ class Deployment:
             "gpu_memory_utilization": self.gpu_memory_utilization, "os_reserve_bytes": self.os_reserve_bytes,
             "cudagraph_bytes": self.cudagraph_bytes, "max_num_batched_tokens": self.max_num_batched_tokens,
             "max_num_seqs": self.max_num_seqs, "text_only": self.text_only,
+            "serving": self.serving.to_dict(), "routing_skew": self.routing_skew()[0],
+            "routing_skew_source": self.routing_skew()[1],
         }
 
 

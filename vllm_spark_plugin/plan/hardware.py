@@ -22,7 +22,8 @@ _DEFAULTS = {
     "kernel_overhead_seconds": 10e-6,
     "step_overhead_seconds": 1e-3,
     "runtime_base_bytes": 2 * 2**30,
-    "interconnect": {"name": "", "bandwidth_bytes_per_second": 25e9, "latency_seconds": 5e-6},
+    "interconnect": {"name": "", "bandwidth_bytes_per_second": 25e9, "latency_seconds": 5e-6,
+                     "small_message_bandwidth_bytes_per_second": None, "small_message_limit_bytes": 1 << 20},
 }
 
 
@@ -46,6 +47,8 @@ class Hardware:
     link_bandwidth: float = 25e9
     link_latency: float = 5e-6
     link_name: str = ""
+    link_small_bandwidth: float | None = None  # slope of the measured small-message collective time
+    link_small_limit: float = float(1 << 20)
     description: str = ""
     notes: str = ""
     sources: list = field(default_factory=list)
@@ -55,6 +58,22 @@ class Hardware:
         if dtype in self.compute:
             return dtype, float(self.compute[dtype])
         return "bf16", float(self.compute["bf16"])
+
+    def collective_seconds(self, nbytes: float, ring: float = 1.0) -> float:
+        """Time of one collective (all-reduce, all-to-all or hop) carrying `nbytes` per rank.
+
+        Decode messages are small (kilobytes to about a megabyte): there the measured time is a line,
+        latency + bytes / small-message bandwidth (NCCL's latency protocols, far below the wire rate);
+        above `small_message_limit_bytes` the rest moves at the large-message bus bandwidth (x the
+        ring factor 2(n-1)/n of an all-reduce).  Without a small-message slope: latency + ring x bytes / bw.
+        """
+        if nbytes <= 0:
+            return 0.0
+        if self.link_small_bandwidth is None:
+            return self.link_latency + ring * nbytes / self.link_bandwidth
+        small = min(nbytes, self.link_small_limit)
+        return (self.link_latency + small / self.link_small_bandwidth
+                + ring * max(0.0, nbytes - small) / self.link_bandwidth)
 
     def to_dict(self) -> dict:
         return {
@@ -68,7 +87,9 @@ class Hardware:
             "step_overhead_seconds": self.step_overhead_seconds,
             "runtime_base_bytes": self.runtime_base_bytes,
             "interconnect": {"name": self.link_name, "bandwidth_bytes_per_second": self.link_bandwidth,
-                             "latency_seconds": self.link_latency},
+                             "latency_seconds": self.link_latency,
+                             "small_message_bandwidth_bytes_per_second": self.link_small_bandwidth,
+                             "small_message_limit_bytes": self.link_small_limit},
         }
 
 
@@ -115,6 +136,9 @@ def from_dict(doc: dict, where: str = "hardware profile") -> Hardware:
         link_bandwidth=_positive(link, "bandwidth_bytes_per_second", f"{where}: interconnect"),
         link_latency=_positive(link, "latency_seconds", f"{where}: interconnect", allow_zero=True),
         link_name=str(link.get("name", "")),
+        link_small_bandwidth=(None if link.get("small_message_bandwidth_bytes_per_second") is None else
+                              _positive(link, "small_message_bandwidth_bytes_per_second", f"{where}: interconnect")),
+        link_small_limit=_positive(link, "small_message_limit_bytes", f"{where}: interconnect"),
         description=str(d.get("description", "")),
         notes=str(d.get("notes", "")),
         sources=list(d.get("sources", [])),

@@ -9,7 +9,7 @@ from vllm_spark_plugin.definitions import DEFAULT_FLOOR_TOKENS_PER_SECOND
 from vllm_spark_plugin.plan.calibrate import Calibration
 from vllm_spark_plugin.plan.deployment import Deployment
 from vllm_spark_plugin.plan.memory import plan_memory
-from vllm_spark_plugin.plan.stepmodel import KNEE_FIT_RANGE, Efficiency, StepModel
+from vllm_spark_plugin.plan.stepmodel import KNEE_FIT_RANGE, Efficiency, ModelFactors, StepModel
 
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
@@ -27,11 +27,12 @@ def _clean(obj):
     return obj
 
 
-def make_plan(dep: Deployment, eff: Efficiency | None = None, floor: float = DEFAULT_FLOOR_TOKENS_PER_SECOND,
+def make_plan(dep: Deployment, eff: Efficiency | None = None, model_factors: ModelFactors | None = None,
+              floor: float = DEFAULT_FLOOR_TOKENS_PER_SECOND,
               concurrencies: Sequence[int] = DEFAULT_CONCURRENCY, calibration: Calibration | None = None,
               calibration_file: str | None = None, model_doc: dict | None = None) -> dict:
     eff = eff or Efficiency()
-    sm = StepModel(dep, eff)
+    sm = StepModel(dep, eff, model_factors)
     mem = plan_memory(dep)
     limit = min(mem.max_streams, dep.max_num_seqs)
     fit_hi = KNEE_FIT_RANGE[1]
@@ -92,7 +93,8 @@ def make_plan(dep: Deployment, eff: Efficiency | None = None, floor: float = DEF
         "calibration": {
             "source": eff.source, "file": calibration_file,
             "bandwidth_efficiency": eff.bandwidth, "compute_efficiency": eff.compute,
-            "overhead_scale": eff.overhead_scale,
+            "overhead_scale": eff.overhead_scale, "link_scale": eff.link_scale,
+            "model_factors": None if model_factors is None else model_factors.to_dict(),
             "fit": None if calibration is None else calibration.to_dict()["fit"],
             "fitted": None if calibration is None else calibration.fitted,
         },

@@ -24,6 +24,14 @@ def render_table(plan: dict) -> str:
     formats = {c: f for c, f in i["component_formats"].items() if m["params_by_component"].get(c)}
     w("  component formats: " + ", ".join(f"{c}={f}" for c, f in formats.items()))
     w(f"  parameters: {m['total_params'] / 1e9:.2f}B total, {m['active_params'] / 1e9:.2f}B active per token")
+    sv = i["serving"]
+    spec = sv.get("spec")
+    w(f"  serving: engine {sv['engine']}, MoE backend {sv['moe_backend']}, linear backend {sv['linear_backend']}"
+      + (", --enforce-eager" if sv["enforce_eager"] else "") + (", expert parallel" if sv["expert_parallel"] else "")
+      + (f", speculative {spec['method']} x{spec['num_tokens']} ({s['emitted_tokens_per_step']:.2f} tokens emitted per step)"
+         if spec else ""))
+    if m.get("experts"):
+        w(f"  routing skew {s['routing_skew']:.3f} ({s['routing_skew_source']})")
     w("")
     w("Memory fit (per node)")
     for n, step in enumerate(mem["steps"], 1):
@@ -41,7 +49,8 @@ def render_table(plan: dict) -> str:
     for label, c in (("b=1 ", c1), ("b=64", c64)):
         w(f"  {label}: overhead {c['overhead'] * 1e3:.2f} + weights {c['weights'] * 1e3:.2f} + experts "
           f"{c['experts'] * 1e3:.2f} + KV/state {c['kv_and_state'] * 1e3:.2f} + compute {c['compute'] * 1e3:.2f} + "
-          f"comm {c['comm'] * 1e3:.2f} = {(c['overhead'] + c['weights'] + c['experts'] + c['kv_and_state'] + c['compute'] + c['comm']) * 1e3:.2f} ms"
+          f"comm {c['comm'] * 1e3:.2f}" + (f" + draft {c['draft'] * 1e3:.2f}" if c.get("draft") else "")
+          + f" = {(c['overhead'] + c['weights'] + c['experts'] + c['kv_and_state'] + c['compute'] + c['comm'] + c.get('draft', 0)) * 1e3:.2f} ms"
           + (f"  ({c['experts_touched_per_layer']:.1f} experts touched per MoE layer)" if m.get("experts") else ""))
     w(f"  physical split at b=1: alpha {s['alpha_at_1_seconds'] * 1e3:.2f} ms, beta {s['beta_physical_seconds'] * 1e3:.3f} ms/stream")
     w(f"  linear fit over b={s['fit_range'][0]}..{s['fit_range'][1]}: alpha {s['alpha_seconds'] * 1e3:.2f} ms, "
@@ -65,15 +74,19 @@ def render_table(plan: dict) -> str:
       f"plateau {_f(fl['plateau_tokens_per_second'])} tok/s")
     src = cal["source"] + (f" ({cal['file']})" if cal.get("file") else "")
     w(f"Efficiency: bandwidth {cal['bandwidth_efficiency']:.3f}, compute {cal['compute_efficiency']:.3f}, "
-      f"overhead scale {cal['overhead_scale']:.3f} [{src}]")
+      f"overhead scale {cal['overhead_scale']:.3f}, link scale {cal.get('link_scale', 1.0):.3f} [{src}]")
+    if cal.get("model_factors"):
+        mf = cal["model_factors"]
+        w(f"  model factors ({m['name']} only): overhead x{mf['overhead_scale']:.3f}, per-stream work "
+          f"x{mf['per_stream_scale']:.3f}" + ("" if mf["routing_skew"] is None else f", routing skew {mf['routing_skew']:.3f}"))
     if cal["bandwidth_efficiency"] > 1:
         w(f"  note: bandwidth efficiency {cal['bandwidth_efficiency']:.2f} > 1 means the run moved fewer bytes than "
           "the model counts (e.g. skewed routing touching fewer distinct experts than uniform routing, or a "
           "smaller state/KV dtype than assumed), not that the memory ran above its nominal rate")
     if cal.get("fit"):
         for p in cal["fit"]["points"]:
-            w(f"  fit point b={p['concurrency']:g}: observed {p['observed_step_seconds'] * 1e3:.2f} ms, "
-              f"predicted {p['predicted_step_seconds'] * 1e3:.2f} ms ({p['relative_error'] * 100:+.1f}%)")
+            w(f"  fit point b={p['concurrency']:g}: observed {_f(p.get('observed_aggregate_tokens_per_second'))} tok/s, "
+              f"predicted {_f(p.get('predicted_aggregate_tokens_per_second'))} tok/s ({p['relative_error'] * 100:+.1f}%)")
     if not mem["fits"]:
         w("WARNING: the model does not fit at this context; see the memory steps above.")
     return "\n".join(out) + "\n"

@@ -112,10 +112,97 @@ def advise_from_system(model: str | None = None, configured: float | None = None
     return advise(info["MemTotal"], info["MemAvailable"], model_size_bytes(model), configured)
 
 
+@dataclass
+class StartupSnapshot:
+    """What vLLM's start-up memory check will compare, and what the host really has (bytes).
+
+    vLLM (`v1/worker/utils.py::request_memory`) refuses to start when the free memory CUDA reports is
+    below `gpu_memory_utilization x total`.  On a unified-memory GB10 CUDA's free memory is the kernel's
+    MemFree: page cache counts as used (vllm #48140; measured in unsloth #10704: cuda_free tracked
+    MemFree exactly while MemAvailable did not move).
+    """
+
+    utilization: float
+    total_bytes: int
+    requested_bytes: int        # ceil(utilization x total): vLLM's requested memory
+    mem_free_bytes: int         # what vLLM's check compares against on unified memory
+    mem_available_bytes: int
+    page_cache_bytes: int       # Cached + Buffers
+    reclaimable_bytes: int      # page cache - Shmem + SReclaimable: what dropping caches gives back
+    reserve_bytes: int          # what the OS keeps (see `advise`)
+    safe_utilization: float
+    vllm_check_passes: bool
+    ok: bool
+    message: str
+    fix: str = ""
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+DROP_CACHES = "sync; echo 3 | sudo tee /proc/sys/vm/drop_caches"
+
+
+def startup_snapshot(meminfo: dict[str, int], utilization: float, total_bytes: int | None = None) -> StartupSnapshot:
+    """`meminfo` as from `read_meminfo` (bytes); `total_bytes` is CUDA's device total when known
+    (about MemTotal on GB10)."""
+    from vllm_spark_plugin.metrics.memory_sources import Meminfo
+
+    info = Meminfo(dict(meminfo))
+    total = int(total_bytes or meminfo["MemTotal"])
+    free, avail = meminfo["MemFree"], meminfo["MemAvailable"]
+    cache = meminfo.get("Cached", 0) + meminfo.get("Buffers", 0)
+    reclaimable = info.reclaimable_bytes() or 0
+    adv = advise(total, avail, configured=utilization)
+    requested = math.ceil(total * utilization)
+    passes = free >= requested
+    gib = lambda b: b / GIB  # noqa: E731
+    facts = (f"requested {utilization:.2f} x {gib(total):.1f} GiB = {gib(requested):.1f} GiB; vLLM's start-up check "
+             f"compares it with the free memory CUDA reports, MemFree {gib(free):.1f} GiB on unified memory; "
+             f"MemAvailable {gib(avail):.1f} GiB, page cache {gib(cache):.1f} GiB ({gib(reclaimable):.1f} GiB reclaimable)")
+    fixes = []
+    if not passes:
+        if free + reclaimable >= requested:
+            fixes.append(f"drop the page cache before starting ({DROP_CACHES}): it frees about "
+                         f"{gib(reclaimable):.1f} GiB, enough for the {gib(requested):.1f} GiB requested")
+        if utilization > adv.safe_utilization or free + reclaimable < requested:
+            fixes.append(f"use --gpu-memory-utilization {adv.safe_utilization:.2f} or lower (leaves the OS its "
+                         f"{gib(adv.reserve_bytes):.1f} GiB reserve)" if adv.safe_utilization > 0
+                         else "free memory: stop other processes")
+        verdict = "start-up will fail"
+    elif utilization > adv.safe_utilization:
+        fixes.append(f"use --gpu-memory-utilization {adv.safe_utilization:.2f} or lower (leaves the OS its "
+                     f"{gib(adv.reserve_bytes):.1f} GiB reserve)")
+        verdict = f"start-up passes but leaves the OS {gib(max(0, avail - requested)):.1f} GiB, under its reserve"
+    else:
+        verdict = "start-up check passes with the OS reserve kept"
+    fix = "; or ".join(fixes)
+    return StartupSnapshot(utilization, total, requested, free, avail, cache, reclaimable, adv.reserve_bytes,
+                           adv.safe_utilization, passes, not fixes, f"{verdict}: {facts}", fix)
+
+
+def log_startup_snapshot(utilization: float | None, total_bytes: int | None = None,
+                         meminfo_path: str | Path = "/proc/meminfo") -> StartupSnapshot | None:
+    """Log the snapshot in the engine process: one info line, or one warning with the fix."""
+    if utilization is None:
+        return None
+    info = read_meminfo(meminfo_path)
+    if not all(k in info for k in ("MemTotal", "MemFree", "MemAvailable")):
+        log.warning("vllm-spark-plugin: unified memory: %s has no MemTotal/MemFree/MemAvailable; no start-up snapshot",
+                    meminfo_path)
+        return None
+    snap = startup_snapshot(info, utilization, total_bytes)
+    if snap.ok:
+        log.info("vllm-spark-plugin: unified memory at start-up: %s", snap.message)
+    else:
+        log.warning("vllm-spark-plugin: unified memory at start-up: %s. Fix: %s", snap.message, snap.fix)
+    return snap
+
+
 def check_at_startup(vllm_config) -> MemoryAdvice | None:
     """Warn when the configured utilisation is above the safe figure (CUDA devices only: the CPU
     build sizes its KV cache with VLLM_CPU_KVCACHE_SPACE instead)."""
-    from vllm_spark_plugin import _vllm
+    from vllm_spark_plugin.vllm import platform as _vllm
 
     if not _vllm.has_cuda():
         return None
@@ -127,4 +214,5 @@ def check_at_startup(vllm_config) -> MemoryAdvice | None:
         log.info("vllm-spark-plugin: unified memory: %s", adv.message)
     else:
         log.warning("vllm-spark-plugin: unified memory: %s", adv.message)
+    log_startup_snapshot(configured)
     return adv

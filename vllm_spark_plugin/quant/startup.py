@@ -17,10 +17,12 @@ def once_per_process(quant_config) -> None:
             return
         _done = True
     try:
-        from vllm_spark_plugin import _vllm, settings
+        from vllm_spark_plugin import settings
+        from vllm_spark_plugin.vllm.platform import current_vllm_config
         from vllm_spark_plugin.quant import memory_guard
 
-        if settings.load().memory_guard:
-            memory_guard.check_at_startup(_vllm.current_vllm_config())
+        if settings.current().memory_guard:
+            memory_guard.check_at_startup(current_vllm_config())
     except Exception as exc:  # a guard must not stop the model from loading
-        log.warning("vllm-spark-plugin: unified-memory guard skipped: %r", exc)
+        from vllm_spark_plugin.metrics import errors
+        errors.report("memory_guard", exc)

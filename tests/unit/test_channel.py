@@ -1,0 +1,136 @@
+"""The plugin's own channel between vLLM processes: per-step records over a real Unix datagram socket,
+and contained errors spilled by a process without an exporter (a real second process)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter
+
+from vllm_spark_plugin.hooks import channel
+from vllm_spark_plugin.metrics import errors
+
+
+@pytest.fixture
+def run_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv(channel.RUN_DIR_ENV, str(tmp_path))
+    return str(tmp_path)
+
+
+def record(i: int) -> tuple:
+    return (0, 1000 + i, 0, 0, 4, 4, 100 - i % 7, 101, -1)
+
+
+class Collect:
+    def __init__(self, expected: int) -> None:
+        self.records, self.errors = [], []
+        self.done = threading.Event()
+        self.expected = expected
+
+    def on_record(self, fields):
+        self.records.append(fields)
+        if len(self.records) >= self.expected:
+            self.done.set()
+
+    def on_error(self, where, exc):
+        self.errors.append((where, exc))
+
+
+def test_records_arrive_in_order_and_batched(run_dir):
+    got = Collect(200)
+    reader = channel.StepReader(run_dir, got.on_record, got.on_error)
+    assert reader.start()
+    clock = [0.0]
+    writer = channel.StepWriter(run_dir, clock=lambda: clock[0])  # a still clock: batches by count
+    for i in range(200):
+        writer.add(*record(i))
+    writer.flush()  # the engine went idle: the last 8 records go now
+    assert got.done.wait(10)
+    reader.stop()
+    assert got.records == [record(i) for i in range(200)]
+    assert writer.sent == 200 and writer.dropped == 0 and got.errors == []
+
+
+def test_a_batch_leaves_after_the_batch_interval(run_dir):
+    got = Collect(2)
+    reader = channel.StepReader(run_dir, got.on_record, got.on_error)
+    assert reader.start()
+    clock = [0.0]
+    writer = channel.StepWriter(run_dir, clock=lambda: clock[0])
+    writer.add(*record(0))
+    assert writer.sent == 0  # held: neither 64 records nor 50 ms yet
+    clock[0] = channel.BATCH_SECONDS
+    writer.add(*record(1))
+    assert writer.sent == 2 and got.done.wait(10)
+    reader.stop()
+
+
+def test_nobody_listening_drops_and_counts(run_dir):
+    writer = channel.StepWriter(run_dir)
+    for i in range(70):
+        writer.add(*record(i))  # never raises into the engine loop
+    writer.flush()
+    assert writer.sent == 0 and writer.dropped == 70
+
+
+def test_one_reader_per_run(run_dir):
+    first = channel.StepReader(run_dir, lambda f: None, lambda w, e: None)
+    second = channel.StepReader(run_dir, lambda f: None, lambda w, e: None)
+    assert first.start()
+    assert not second.start()  # another API server of the same serve reads the steps
+    first.stop()
+
+
+def test_truncated_datagrams_and_failing_consumers_are_contained(run_dir):
+    got = Collect(3)
+    calls = []
+
+    def on_record(fields):
+        calls.append(fields)
+        if len(calls) == 1:
+            raise ValueError("consumer failed")
+        got.on_record(fields)
+
+    reader = channel.StepReader(run_dir, on_record, got.on_error)
+    assert reader.start()
+    writer = channel.StepWriter(run_dir)
+    writer.sock.sendto(channel.RECORD.pack(*record(0)) + b"\x01\x02\x03", writer.address)  # a torn tail
+    writer.sock.sendto(channel.RECORD.pack(*record(1)) + channel.RECORD.pack(*record(2)), writer.address)
+    writer.sock.sendto(channel.RECORD.pack(*record(3)), writer.address)
+    deadline = time.monotonic() + 10
+    while len(got.records) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    reader.stop()
+    # record 0 arrived (its consumer failed, counted once), the torn tail was ignored; the batch
+    # with record 1 stopped at the failure, and the thread went on to the next datagram
+    assert calls[0] == record(0)
+    assert record(3) in got.records
+    assert [w for w, _ in got.errors] == ["step_channel"]
+
+
+def test_errors_of_a_process_without_exporter_reach_the_api_servers_counter(run_dir):
+    """A real second process (as the engine core is) contains three errors; the API server's
+    counter gets exactly those, once, however often it looks."""
+    code = (
+        "import time\n"
+        "from vllm_spark_plugin.hooks import registration\n"
+        "from vllm_spark_plugin.metrics import errors\n"
+        "errors.set_spill(registration._spill)\n"
+        "for _ in range(3): errors.report('scheduler_hook', ValueError('boom'))\n"
+        "time.sleep(errors.SPILL_DELAY_SECONDS + 0.5)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], env=dict(os.environ), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "contained error in scheduler_hook" in proc.stderr  # logged once ...
+    assert proc.stderr.count("contained error") == 1           # ... not three times
+    spilled = channel.read_spilled()
+    assert list(spilled.values()) == [{"scheduler_hook": 3}]
+    counter = Counter("plugin_errors", "test", ("where",), registry=CollectorRegistry())
+    assert errors.absorb(spilled, counter) == 3
+    assert errors.absorb(channel.read_spilled(), counter) == 0  # already counted
+    assert counter.labels(where="scheduler_hook")._value.get() == 3

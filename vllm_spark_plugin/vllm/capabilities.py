@@ -1,0 +1,231 @@
+"""What the installed vLLM offers the plugin, feature by feature, decided by probing its classes and
+signatures rather than by its version number.
+
+Each probe returns a `Capability`: on or off, and the reason in words (the first missing piece).
+`vllm-spark doctor`, the start-up log line and `vllm_spark_info` all show these; the hooks switch a
+feature on only when its probe passes.  The release window (`WINDOW`) is the range of releases the
+probes were checked against on real installs (docs/vllm-releases.md); outside it a passing probe
+still switches the feature on, and the log says the release was not checked.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+from dataclasses import dataclass
+
+from .platform import version_tuple, vllm_version
+
+# Oldest and newest vLLM minor release the port was checked against (inclusive).
+WINDOW = ((0, 26), (0, 33))
+
+SCHEDULER_MODULE = "vllm.v1.core.sched.scheduler"
+STAT_LOGGER_GROUP = "vllm.stat_logger_plugins"
+
+
+@dataclass(frozen=True)
+class Capability:
+    name: str
+    ok: bool
+    reason: str  # what it needs and found, or the first piece missing
+
+    def __str__(self) -> str:
+        return f"{self.name}: {'on' if self.ok else 'off'} ({self.reason})"
+
+
+def in_window(version: str | None = None) -> bool:
+    v = version_tuple(version)
+    return WINDOW[0] <= v <= WINDOW[1]
+
+
+def window_text() -> str:
+    (a, b), (c, d) = WINDOW
+    return f"{a}.{b}-{c}.{d}"
+
+
+def _attr(path: str):
+    """Import `module:attr.attr` and return the object; raises with the missing piece named."""
+    module, _, attrs = path.partition(":")
+    obj = importlib.import_module(module)
+    for name in filter(None, attrs.split(".")):
+        if not hasattr(obj, name):
+            raise LookupError(f"{module}:{attrs} has no {name!r}")
+        obj = getattr(obj, name)
+    return obj
+
+
+def _first_attr(*paths: str):
+    errors = []
+    for p in paths:
+        try:
+            return _attr(p)
+        except Exception as exc:
+            errors.append(f"{p} ({type(exc).__name__})")
+    raise LookupError("none of " + ", ".join(errors))
+
+
+def _params(fn) -> list[str]:
+    return list(inspect.signature(fn).parameters)
+
+
+def _probe(name: str, check) -> Capability:
+    try:
+        return Capability(name, True, check())
+    except Exception as exc:
+        return Capability(name, False, f"{type(exc).__name__}: {exc}")
+
+
+# --- the per-step scheduler hook (engine core) -----------------------------------------------------
+SCHEDULER_OUTPUT_FIELDS = ("num_scheduled_tokens", "total_num_scheduled_tokens", "scheduled_new_reqs",
+                           "scheduled_cached_reqs")
+
+
+def _check_step_hook() -> str:
+    sched = _attr(SCHEDULER_MODULE + ":Scheduler")
+    for method in ("schedule", "update_from_output"):
+        if not callable(getattr(sched, method, None)):
+            raise LookupError(f"Scheduler has no {method}()")
+    upd = _params(sched.update_from_output)
+    if upd[:3] != ["self", "scheduler_output", "model_runner_output"]:
+        raise LookupError(f"Scheduler.update_from_output{tuple(upd)} is not (scheduler_output, model_runner_output)")
+    out = _attr("vllm.v1.core.sched.output:SchedulerOutput")
+    names = {f.name for f in dataclasses.fields(out)} if dataclasses.is_dataclass(out) else set(dir(out))
+    missing = [f for f in SCHEDULER_OUTPUT_FIELDS if f not in names]
+    if missing:
+        raise LookupError(f"SchedulerOutput lacks {', '.join(missing)}")
+    pool = _attr("vllm.v1.core.block_pool:BlockPool")
+    if not callable(getattr(pool, "get_num_free_blocks", None)):
+        raise LookupError("BlockPool has no get_num_free_blocks()")
+    return "Scheduler.schedule/update_from_output, SchedulerOutput and BlockPool as expected"
+
+
+def step_hook() -> Capability:
+    """Per-step batch, composition, step duration and KV blocks from the engine core's scheduler."""
+    return _probe("step_hook", _check_step_hook)
+
+
+# --- the stat logger (API server) ------------------------------------------------------------------
+STATS_FIELDS = {
+    "SchedulerStats": ("num_running_reqs", "num_waiting_reqs", "kv_cache_usage"),
+    "IterationStats": ("num_generation_tokens", "num_prompt_tokens", "time_to_first_tokens_iter",
+                       "finished_requests"),
+    "FinishedRequestStats": ("num_generation_tokens", "decode_time", "num_prompt_tokens", "finish_reason"),
+}
+
+
+def _fields_of(cls) -> set[str]:
+    if dataclasses.is_dataclass(cls):
+        return {f.name for f in dataclasses.fields(cls)}
+    names = set(getattr(cls, "__struct_fields__", ()) or ())  # msgspec
+    names |= set(getattr(cls, "__annotations__", {}))
+    names |= {n for n in STATS_FIELDS.get(cls.__name__, ()) if hasattr(cls, n)}  # properties
+    try:  # plain classes that set their fields in __init__
+        names |= set(inspect.signature(cls).parameters)
+        src = inspect.getsource(cls.__init__)
+        names |= {n for n in STATS_FIELDS.get(cls.__name__, ()) if f"self.{n}" in src}
+    except (TypeError, ValueError, OSError):
+        pass
+    return names
+
+
+def _check_stat_logger() -> str:
+    group = getattr(importlib.import_module("vllm.plugins"), "STAT_LOGGER_PLUGINS_GROUP", None)
+    if group != STAT_LOGGER_GROUP:
+        raise LookupError(f"vLLM loads no {STAT_LOGGER_GROUP!r} entry points")
+    base = _attr("vllm.v1.metrics.loggers:StatLoggerBase")
+    rec = _params(base.record)
+    if rec[:3] != ["self", "scheduler_stats", "iteration_stats"]:
+        raise LookupError(f"StatLoggerBase.record{tuple(rec)} is not (scheduler_stats, iteration_stats, ...)")
+    stats = importlib.import_module("vllm.v1.metrics.stats")
+    for cls_name, wanted in STATS_FIELDS.items():
+        have = _fields_of(getattr(stats, cls_name))
+        missing = [f for f in wanted if f not in have]
+        if missing:
+            raise LookupError(f"{cls_name} lacks {', '.join(missing)}")
+    return f"{STAT_LOGGER_GROUP} entry points; StatLoggerBase.record and the stats fields as expected"
+
+
+def stat_logger() -> Capability:
+    """TTFT, per-stream decode rate, tokens, running/waiting and KV usage in the API server."""
+    return _probe("stat_logger", _check_stat_logger)
+
+
+# --- NVFP4 quantization config and the MoE policy -------------------------------------------------
+def moe_layer_class():
+    """The layer class that holds MoE weights: RoutedExperts (0.32 on), FusedMoE before."""
+    return _first_attr("vllm.model_executor.layers.fused_moe:RoutedExperts",
+                       "vllm.model_executor.layers.fused_moe:FusedMoE",
+                       "vllm.model_executor.layers.fused_moe.layer:FusedMoE")
+
+
+def unquantized_moe_method_class():
+    return _first_attr(
+        "vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method:UnquantizedFusedMoEMethod",
+        "vllm.model_executor.layers.fused_moe.layer:UnquantizedFusedMoEMethod",
+        "vllm.model_executor.layers.fused_moe:UnquantizedFusedMoEMethod")
+
+
+NVFP4_PIECES = (
+    "vllm.model_executor.layers.quantization:register_quantization_config",
+    "vllm.model_executor.layers.quantization.base_config:QuantizationConfig",
+    "vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4Config",
+    "vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4FusedMoE",
+    "vllm.model_executor.layers.quantization.modelopt:ModelOptLinearMethod",
+    "vllm.model_executor.layers.linear:UnquantizedLinearMethod",
+    "vllm.model_executor.layers.linear:WEIGHT_LOADER_V2_SUPPORTED",
+    "vllm.model_executor.parameter:ModelWeightParameter",
+    "vllm.model_executor.parameter:PerTensorScaleParameter",
+    "vllm.model_executor.utils:replace_parameter",
+    "vllm.model_executor.layers.quantization.utils.nvfp4_emulation_utils:dequantize_to_dtype",
+)
+
+
+def _check_nvfp4() -> str:
+    for p in NVFP4_PIECES:
+        _attr(p)
+    layer = moe_layer_class()
+    unquantized_moe_method_class()
+    fused = _attr("vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4FusedMoE")
+    init = _params(fused.__init__)
+    if init[:3] != ["self", "quant_config", "moe_config"]:
+        raise LookupError(f"ModelOptNvFp4FusedMoE.__init__{tuple(init)} is not (quant_config, moe_config)")
+    return f"register_quantization_config, ModelOpt NVFP4 classes, MoE layer {layer.__name__}"
+
+
+def nvfp4_config() -> Capability:
+    """The `spark_nvfp4` quantization config (claims ModelOpt NVFP4 checkpoints)."""
+    return _probe("nvfp4_config", _check_nvfp4)
+
+
+def _check_moe_policy() -> str:
+    oracle = importlib.import_module("vllm.model_executor.layers.fused_moe.oracle.nvfp4")
+    for name in ("map_nvfp4_backend", "backend_to_kernel_cls"):
+        if not callable(getattr(oracle, name, None)):
+            raise LookupError(f"fused_moe.oracle.nvfp4 has no {name}()")
+    cfg = _attr("vllm.model_executor.layers.fused_moe.config:FusedMoEConfig")
+    if "moe_backend" not in _fields_of(cfg):
+        raise LookupError("FusedMoEConfig has no moe_backend (no --moe-backend)")
+    return "fused_moe.oracle.nvfp4 and FusedMoEConfig.moe_backend"
+
+
+def moe_policy() -> Capability:
+    """The GB10 NVFP4 MoE backend policy (needs vLLM's backend oracle and --moe-backend)."""
+    return _probe("moe_policy", _check_moe_policy)
+
+
+PROBES = {"step_hook": step_hook, "stat_logger": stat_logger, "nvfp4_config": nvfp4_config,
+          "moe_policy": moe_policy}
+
+
+def all_capabilities() -> dict[str, Capability]:
+    return {name: probe() for name, probe in PROBES.items()}
+
+
+def summary(caps: dict[str, Capability] | None = None) -> str:
+    caps = caps if caps is not None else all_capabilities()
+    off = [c for c in caps.values() if not c.ok]
+    where = "in" if in_window() else "OUTSIDE"
+    head = f"vLLM {vllm_version()} ({where} the checked window {window_text()})"
+    if not off:
+        return f"{head}: all features on"
+    return f"{head}: off: " + "; ".join(f"{c.name} ({c.reason})" for c in off)
