@@ -1,7 +1,7 @@
 """Client CPU cost of streaming: `vllm-spark bench` vs `vllm bench serve`, 256 concurrent streams.
 
 Both clients run as child processes against the same fast local fake SSE server
-(`vllm_spark_plugin.bench.fake_server`, in its own process so its CPU is not counted), with the
+(`vllm_spark_plugin.testbed.fake_server`, in its own process so its CPU is not counted), with the
 same load: 256 streams kept in flight, 32-token random prompts on /v1/completions, a fixed number
 of output tokens per request, usage from the server.  The CPU seconds (user + system) of each
 client process come from `os.wait4` (the child's own rusage).
@@ -35,7 +35,7 @@ PY = sys.executable
 
 
 def start_fake(alpha: float, beta: float) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([PY, "-m", "vllm_spark_plugin.bench.fake_server", "--port", "0",
+    proc = subprocess.Popen([PY, "-m", "vllm_spark_plugin.testbed.fake_server", "--port", "0",
                              "--alpha", str(alpha), "--beta", str(beta), "--max-model-len", "1000000",
                              "--max-batch", "100000"],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT)

@@ -1,13 +1,36 @@
 #!/usr/bin/env bash
-# The whole test suite, from a fresh machine: set up, then run every test (real vLLM servers,
-# Prometheus, promtool, Chromium included).  Arguments go to pytest.
+# The test suite, from a fresh machine.  Extra arguments go to pytest.
+#
+#   bash scripts/test.sh          everything (CI): set up, then the three tiers (tests/unit,
+#                                 tests/contract, tests/integration: real vLLM servers, Prometheus,
+#                                 promtool, tsc, Chromium), then the vLLM release-window checks
+#                                 (scripts/release-matrix.sh --ci)
+#   bash scripts/test.sh --fast   the unit tier only, in a small environment without vLLM (< 1 minute)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
 export PYTHONUNBUFFERED=1
-set +e
-.venv/bin/python -m pytest -p no:cacheprovider -ra --durations=15 "$@"
-rc=$?
-set -e
-if [ $rc -eq 5 ]; then echo "test: no tests were collected"; exit 1; fi
+
+run_pytest() {  # run_pytest PYTHON args...: pytest's exit code, with "no tests collected" a failure
+  local py=$1; shift
+  set +e
+  "$py" -m pytest -p no:cacheprovider "$@"
+  local rc=$?
+  set -e
+  if [ $rc -eq 5 ]; then echo "test: no tests were collected"; return 1; fi
+  return $rc
+}
+
+if [ "${1:-}" = "--fast" ]; then
+  shift
+  bash scripts/setup.sh --fast
+  run_pytest .venv-fast/bin/python -q -m unit tests/unit "$@"
+  exit $?
+fi
+
+bash scripts/setup.sh
+rc=0
+run_pytest .venv/bin/python -ra --durations=15 "$@" || rc=$?
+if [ $# -eq 0 ]; then
+  bash scripts/release-matrix.sh --ci || rc=$?
+fi
 exit $rc

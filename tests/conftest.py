@@ -72,12 +72,12 @@ def vllm_server(tiny_model_path, artifacts_dir, otlp_receiver):
     """The main CPU `vllm serve` with the plugin (shared by every server test).
 
     Its OpenTelemetry bridge is on, exporting to a real OTLP/HTTP receiver every 2 s.  Its latency SLO
-    (TTFT 1 s, floors 20 and 100 tok/s) makes requests past capacity miss (test_slo_e2e.py).
+    (TTFT 1 s, floors 20 and 60 tok/s) makes requests past capacity miss (test_slo_e2e.py).
     """
     server = _start(tiny_model_path, artifacts_dir, "vllm-server-main",
                     env={"SPARK_PLUGIN_OTEL_ENDPOINT": otlp_receiver.endpoint,
                          "SPARK_PLUGIN_OTEL_INTERVAL_SECONDS": "2",
-                         "SPARK_PLUGIN_TTFT_SLO_SECONDS": "1", "SPARK_PLUGIN_FLOORS": "20,100",
+                         "SPARK_PLUGIN_TTFT_SLO_SECONDS": "1", "SPARK_PLUGIN_FLOORS": "20,60",
                          # an unreadable kernel log, as in a container (test_memory_live.py)
                          "SPARK_PLUGIN_KERNEL_LOG": UNREADABLE_KERNEL_LOG})
     yield server
@@ -86,8 +86,13 @@ def vllm_server(tiny_model_path, artifacts_dir, otlp_receiver):
 
 @pytest.fixture(scope="session")
 def second_vllm_server(tiny_model_path, artifacts_dir):
-    """A second plugin server on another loopback port (fleet tests)."""
-    server = _start(tiny_model_path, artifacts_dir, "vllm-server-second")
+    """A second plugin server on another loopback port (fleet tests).  Its engine core carries
+    injected faults (tests/support/faults): a failing start-up step and one failing hook record in
+    50, so the errors of a process without an exporter are seen on the API server's /metrics."""
+    faults = Path(__file__).resolve().parent / "support" / "faults"
+    path = os.pathsep.join(p for p in (str(faults), os.environ.get("PYTHONPATH", "")) if p)
+    server = _start(tiny_model_path, artifacts_dir, "vllm-server-second",
+                    env={"PYTHONPATH": path, "SPARK_TEST_FAULTS": "1", "SPARK_TEST_FAULT_EVERY": "50"})
     yield server
     server.stop()
 

@@ -19,27 +19,20 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-OK, INFO, WARN, FAIL = "ok", "info", "warn", "fail"
-NA = "n/a"  # the check does not apply on this machine; its detail says why
-STATUSES = (OK, INFO, WARN, FAIL, NA)
-VLLM_DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+from vllm_spark_plugin.checks import (  # noqa: F401  (re-exported: doctor.OK, doctor.Check, ...)
+    FAIL,
+    INFO,
+    NA,
+    OK,
+    STALE_ENV,
+    STATUSES,
+    VLLM_DEFAULT_GPU_MEMORY_UTILIZATION,
+    WARN,
+    Check,
+)
 
-# Environment variables vLLM 0.32 no longer reads, and what replaced them.
-STALE_ENV = ("VLLM_USE_FLASHINFER_MOE_FP4", "VLLM_FLASHINFER_MOE_BACKEND", "VLLM_NVFP4_GEMM_BACKEND")
 _LINEAR_BACKENDS = ("cutlass", "flashinfer_cutlass", "flashinfer_cutedsl", "flashinfer_trtllm", "flashinfer_cudnn",
                     "flashinfer_b12x", "b12x", "marlin", "emulation")
-
-
-@dataclass
-class Check:
-    name: str
-    status: str  # one of STATUSES
-    detail: str
-    fix: str = ""
-
-    def __post_init__(self) -> None:
-        if self.status not in STATUSES:
-            raise ValueError(f"check {self.name!r}: status {self.status!r} is not one of {', '.join(STATUSES)}")
 
 
 def stale_env_fix(name: str, value: str) -> str:

@@ -40,6 +40,8 @@ class Settings:
     moe_backend: str = ""
     # allowed unified-memory headroom checks
     memory_guard: bool = True
+    # the kernel log followed for NVRM driver events: a /dev/kmsg-format path, or off
+    kernel_log: str = "/dev/kmsg"
     extra: dict = field(default_factory=dict)
 
 
@@ -75,7 +77,8 @@ def _parse(kind, raw):
 _KINDS = {"disable": bool, "scheduler_hook": bool, "floors": "floats", "ttft_slo_seconds": float,
           "knee_window": int, "knee_halflife_seconds": float, "knee_refit_seconds": float,
           "profile": str, "hardware_interval_seconds": float, "otel_endpoint": str,
-          "otel_interval_seconds": float, "moe_backend": str, "memory_guard": bool}
+          "otel_interval_seconds": float, "moe_backend": str, "memory_guard": bool,
+          "kernel_log": str}
 
 
 def _read_file(path: str) -> dict:

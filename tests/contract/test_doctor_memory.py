@@ -111,6 +111,7 @@ def test_doctor_json_on_this_machine_lists_the_checks():
     report = json.loads(out.stdout)
     checks = {c["name"]: c for c in report["checks"]}
     assert checks["memory_headroom"]["status"] == "ok"      # this machine has plenty free
-    assert checks["driver_events"]["status"] in ("ok", "info")
+    # /dev/kmsg is readable here (root): the whole buffer is read; user-space records never count
+    assert checks["driver_events"]["status"] == ("ok" if os.access("/dev/kmsg", os.R_OK) else "info")
     assert checks["env:VLLM_NOT_A_REAL_SETTING"]["status"] == "warn"
     assert out.returncode == (0 if report["ok"] else 1)

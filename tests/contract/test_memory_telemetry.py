@@ -124,6 +124,11 @@ def test_real_dev_kmsg_is_read_without_blocking_and_user_records_do_not_count(tm
     got = reader.read_new()
     reader.close()
     assert got.records >= 1 and got.events[ms.NV_ERR_NO_MEMORY] == 0 and got.invalid == 0
+    whole = ms.KmsgReader("/dev/kmsg", from_start=True)   # the whole buffer: every real record parses
+    whole.open()
+    backlog = whole.read_new()
+    whole.close()
+    assert backlog.records > 1 and backlog.invalid == 0
 
 
 class NotSupported(Exception):

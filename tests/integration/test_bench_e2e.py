@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from vllm_spark_plugin.bench.fake_server import FakeConfig, FakeServer
+from vllm_spark_plugin.testbed.fake_server import FakeConfig, FakeServer
 from vllm_spark_plugin.cli import main as vllm_spark
 
 MPL_BLUE = (31, 119, 180)  # matplotlib's first line colour; nothing else in the report uses it

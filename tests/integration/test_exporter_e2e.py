@@ -100,29 +100,28 @@ def test_ttft_and_stream_rate_counts(load_runs, c):
     assert rate == finished
 
 
-def _median_agreement(r: dict, c: int) -> tuple[bool, str]:
+@pytest.mark.parametrize("c", [1, 4, 16])
+def test_server_median_stream_rate_matches_client(load_runs, c):
+    """The exporter's median per-stream rate and the client's, over the same streams, within 15%.
+
+    Measured once, never again on a disagreement.  The two sides compute each rate with the same
+    function (`definitions.stream_decode_rate`; equal by construction on equal timestamps:
+    tests/contract/test_peer_definitions.py); they differ only in where the timestamps are taken
+    (the API server's output processing, the client's reads).  Streams the 2-core test bed delivered
+    in a few bursts carry no timing (the benchmark's rule) and are left out of the client's median.
+    A failure here is a real disagreement of the two clocks, reported with both sides' figures."""
+    r = load_runs[c]
     d = delta_buckets(buckets(r["after"], P + "stream_decode_tokens_per_second"),
                       buckets(r["before"], P + "stream_decode_tokens_per_second"))
     server_median = histogram_quantile(0.5, d)
-    # Streams the 2-core test bed delivered in a few bursts carry no timing (the benchmark's rule).
     timed = [s for s, a in zip(r["streams"], r["arrivals"]) if not is_bunched(s.output_tokens, a)]
     assert timed, "every stream arrived in bursts"
     client_median = statistics.median(s.decode_rate for s in timed)
     assert server_median is not None
-    return abs(server_median - client_median) / client_median <= 0.15, (
-        f"concurrency {c}: server median {server_median:.1f} tok/s, client median {client_median:.1f} tok/s, "
+    assert abs(server_median - client_median) / client_median <= 0.15, (
+        f"concurrency {c}: server median {server_median:.1f} tok/s, client median {client_median:.1f} tok/s "
+        f"({len(timed)} of {len(r['streams'])} streams timed), "
         f"client rates {sorted(round(s.decode_rate) for s in r['streams'])}")
-
-
-@pytest.mark.parametrize("c", [1, 4, 16])
-def test_server_median_stream_rate_matches_client(load_runs, vllm_server, c):
-    """The client times tokens as they reach it, on cores it shares with the server: a stall of the
-    client moves its rates and not the server's.  A second load runs only when the first disagrees,
-    and must agree."""
-    ok, first = _median_agreement(load_runs[c], c)
-    if not ok:
-        ok, second = _median_agreement(_load_run(vllm_server, c, WAVES[c], tag="again-"), c)
-        assert ok, f"first: {first}; second: {second}"
 
 
 def test_generation_tokens_equal_usage(load_runs):
@@ -208,3 +207,20 @@ def test_otel_bridge_exports_live_series(load_runs, vllm_server, otlp_receiver):
             exported = sum(p.as_double for p in gen.sum.data_points)
     assert exported == expected >= value(load_runs[16]["after"], P + "generation_tokens_total"), sorted(m)
     assert "vllm_spark_step_duration_seconds" in m and "vllm_spark_ttft_seconds" in m
+
+
+def test_live_knee_has_a_verdict_and_a_finite_fit(load_runs, vllm_server):
+    """After the loads (batches 1 to 16) the refit publishes one verdict, and a finite knee with it."""
+    deadline = time.monotonic() + 30  # a refit every SPARK_PLUGIN_KNEE_REFIT_SECONDS (10 s)
+    while True:
+        s = scrape(vllm_server.metrics_url)
+        verdicts = [dict(lab)["verdict"] for (n, lab), v in s.items() if n == P + "knee_verdict" and v == 1]
+        if value(s, P + "knee_fit_samples") > 0 or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert len(verdicts) == 1, verdicts
+    assert value(s, P + "knee_fit_samples") > 0
+    assert verdicts[0] in ("ok", "no knee in the measured range"), verdicts
+    if verdicts[0] == "ok":
+        knee = value(s, P + "knee_batch_size")
+        assert 0 < knee < float("inf")

@@ -1,9 +1,14 @@
-"""`vllm-spark bench` against the fake OpenAI SSE server (vllm_spark_plugin/bench/fake_server.py).
+"""`vllm-spark bench` against the fake OpenAI SSE server (vllm_spark_plugin/testbed/fake_server.py).
 
 The fake stands in for vLLM where a test needs what a real server cannot give: exactly known step
 times (so the client-measured rates can be checked against the truth), dying or hanging on command,
 and fast runs.  Its engine: a step with b running streams takes alpha + beta*b seconds and gives each
 stream one token, so the per-stream rate is 1/(alpha + beta*b) and the knee alpha/beta.
+
+Exact timing is asserted on the fake's simulated clock (the `*_simulated_clock` tests): the test moves
+time, the engine's steps end exactly on schedule, and the seed definitions applied to the server's
+token times give the known rates to float rounding.  The end-to-end runs of the command (the
+client times tokens on the wall clock) check the same rates with a tolerance.
 """
 from __future__ import annotations
 
@@ -14,15 +19,18 @@ import signal
 import socket
 import subprocess
 import sys
+import asyncio
 import time
 from pathlib import Path
 
 import pytest
 from PIL import Image
 
-from vllm_spark_plugin.bench.fake_server import FakeConfig, FakeServer
+from vllm_spark_plugin.bench.client import OpenAIStreamClient
 from vllm_spark_plugin.bench.results import CSV_COLUMNS
 from vllm_spark_plugin.cli import main as vllm_spark
+from vllm_spark_plugin.definitions import StreamTiming, aggregate_throughput
+from vllm_spark_plugin.testbed.fake_server import FakeConfig, FakeServer, SimulatedClock
 
 ROOT = Path(__file__).resolve().parents[2]
 REQUIRED_COLUMNS = ["row_type", "label", "workload", "endpoint", "model", "mode", "concurrency", "trial",
@@ -43,6 +51,126 @@ def fake():
     yield start
     for s in servers:
         s.stop()
+
+
+@pytest.fixture
+def simulated():
+    """A fake on simulated time: returns (server, clock)."""
+    servers = []
+
+    def start(**kw) -> tuple[FakeServer, SimulatedClock]:
+        clock = SimulatedClock()
+        s = FakeServer(FakeConfig(**kw), clock=clock).start()
+        servers.append(s)
+        return s, clock
+
+    yield start
+    for s in servers:
+        s.stop()
+
+
+async def _wait_in_flight(srv: FakeServer, n: int) -> None:
+    deadline = time.monotonic() + 10
+    while srv.in_flight < n:
+        assert time.monotonic() < deadline, f"{srv.in_flight} of {n} requests reached the fake"
+        await asyncio.sleep(0.005)
+
+
+def stream_on_simulated_clock(srv: FakeServer, clock: SimulatedClock, batches: list[list[tuple[str, int]]],
+                              advance: list[float]) -> list:
+    """Send each batch of (prompt, max_tokens) with the real client, wait until the fake holds it,
+    then move simulated time on by the matching `advance`; returns the client's results in order."""
+    async def run():
+        async with OpenAIStreamClient(srv.base_url, "fake-model", api="completions") as client:
+            tasks = []
+            for batch, dt in zip(batches, advance):
+                expected = srv.in_flight + len(batch)
+                tasks += [asyncio.create_task(client.stream(p, n)) for p, n in batch]
+                await _wait_in_flight(srv, expected)
+                clock.advance(dt)
+            return await asyncio.wait_for(asyncio.gather(*tasks), 30)
+    return asyncio.run(run())
+
+
+def server_timing(srv: FakeServer, rid: str) -> StreamTiming:
+    """The seed definitions' view of one request, on the server's simulated clock."""
+    t = srv.timings[rid]
+    return StreamTiming(output_tokens=len(t.token_times), start=t.arrived, first_token=t.token_times[0],
+                        last_token=t.token_times[-1])
+
+
+@pytest.mark.parametrize("c", [1, 4, 16])
+def test_rates_are_exact_on_the_simulated_clock(simulated, c):
+    alpha, beta, n = 0.010, 0.001, 40
+    srv, clock = simulated(alpha=alpha, beta=beta)
+    results = stream_on_simulated_clock(srv, clock, [[(f"sim {i}", n) for i in range(c)]], [10.0])
+    assert all(r.ok and r.timing.output_tokens == n for r in results)
+    step = alpha + beta * c
+    rids = [f"cmpl-{i}" for i in range(1, c + 1)]
+    for rid in rids:  # every stream joined the first step: a token every step from t = 0
+        assert srv.timings[rid].token_times == pytest.approx([k * step for k in range(1, n + 1)], rel=1e-9)
+    timings = [server_timing(srv, rid) for rid in rids]
+    for t in timings:
+        assert t.start == 0.0
+        assert t.ttft == pytest.approx(step, rel=1e-9)
+        assert t.decode_rate == pytest.approx(1 / step, rel=1e-9)
+    assert aggregate_throughput(timings) == pytest.approx(c / step, rel=1e-9)
+    assert srv.max_batch_seen == c
+
+
+def test_prefill_stall_is_exact_on_the_simulated_clock(simulated):
+    """A 2000-token uncached prompt joining two running streams stalls them for exactly its prefill.
+
+    It arrives in the middle of the 6th step, so it joins the 7th (a step's batch is set when it starts)."""
+    alpha, beta, per_token = 0.010, 0.001, 0.0005
+    srv, clock = simulated(alpha=alpha, beta=beta, prefill_per_token=per_token)
+    short = [("a b c d", 30), ("e f g h", 30)]  # 4 prompt tokens each, prefilled in the first step
+    long = [(" ".join(f"w{i}" for i in range(2000)), 5)]
+    first_step = alpha + 2 * beta + 8 * per_token
+    steady = alpha + 2 * beta
+    # run the two streams for 5 steps and half of the 6th, then the long prompt arrives
+    results = stream_on_simulated_clock(srv, clock, [short, long], [first_step + 4 * steady + steady / 2, 30.0])
+    assert [r.timing.output_tokens for r in results] == [30, 30, 5]
+    stall = alpha + 3 * beta + 2000 * per_token  # the 7th step, which the long prompt joins
+    for rid in ("cmpl-1", "cmpl-2"):
+        times = srv.timings[rid].token_times
+        gaps = [b - a for a, b in zip(times, times[1:])]
+        assert times[0] == pytest.approx(first_step, rel=1e-9)
+        assert gaps[:5] == pytest.approx([steady] * 5, rel=1e-9)
+        assert gaps[5] == pytest.approx(stall, rel=1e-9)
+        assert gaps[6:10] == pytest.approx([alpha + 3 * beta] * 4, rel=1e-9)
+    joined = srv.timings["cmpl-3"]
+    assert joined.arrived == pytest.approx(first_step + 4 * steady + steady / 2, rel=1e-9)
+    assert joined.token_times[0] == pytest.approx(first_step + 5 * steady + stall, rel=1e-9)
+    assert joined.prompt_tokens == 2000
+
+
+def test_multi_token_chunks_on_the_simulated_clock(simulated):
+    """Four tokens per chunk: the client sees a chunk every fourth step and counts tokens from usage."""
+    alpha, beta, k, n = 0.008, 0.001, 4, 41
+    srv, clock = simulated(alpha=alpha, beta=beta, tokens_per_chunk=k)
+    chunks: list[float] = []
+
+    async def run():
+        async with OpenAIStreamClient(srv.base_url, "fake-model", api="completions") as client:
+            task = asyncio.create_task(client.stream("one two", n, chunk_times=chunks))
+            await _wait_in_flight(srv, 1)
+            clock.advance(10.0)
+            return await asyncio.wait_for(task, 30)
+    result = asyncio.run(run())
+    assert result.ok and result.timing.output_tokens == n  # usage, not the 11 chunks
+    assert len(chunks) == -(-n // k)
+    step = alpha + beta
+    assert srv.timings["cmpl-1"].token_times == pytest.approx([i * step for i in range(1, n + 1)], rel=1e-9)
+
+
+def test_simulated_clock_moves_only_forward_when_told():
+    clock = SimulatedClock(start=5.0)
+    assert clock.now() == 5.0
+    assert clock.advance(0.25) == 5.25 == clock.now()
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError):
+            clock.advance(bad)
 
 
 def rows(out: Path, row_type: str | None = None) -> list[dict]:
@@ -281,7 +409,7 @@ def test_prefill_scenarios_measure_dip_and_cache(fake, tmp_path):
 
 
 def test_ctrl_c_leaves_valid_partial_results(tmp_path):
-    fake_proc = subprocess.Popen([sys.executable, "-m", "vllm_spark_plugin.bench.fake_server", "--port", "0",
+    fake_proc = subprocess.Popen([sys.executable, "-m", "vllm_spark_plugin.testbed.fake_server", "--port", "0",
                                   "--alpha", "0.01", "--beta", "0.001"], stdout=subprocess.PIPE, text=True, cwd=ROOT)
     try:
         url = fake_proc.stdout.readline().strip().rsplit(" ", 1)[-1]

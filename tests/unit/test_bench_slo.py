@@ -1,10 +1,11 @@
 """`vllm-spark bench --slo-*` against the fake server: goodput and attainment per trial and per point
 equal what `streams.csv` gives by the same definition, and the SLO capacity reaches every report.
 
-The fake's engine (bench/fake_server.py): a step with b running streams takes alpha + beta*b and
+The fake's engine (testbed/fake_server.py): a step with b running streams takes alpha + beta*b and
 gives each one token; with max_batch 4, streams beyond the fourth queue for a whole batch, so
-their TTFT is long.  alpha 10 ms, beta 1 ms: 90.9 tok/s at 1 stream, 83.3 at 2, 71.4 at 4 and up;
-a floor of 75 tok/s is met up to 2 streams only.
+their TTFT is long.  alpha 1 ms, beta 5 ms: 167 tok/s at 1 stream, 91 at 2, 48 at 4 and up, so a
+floor of 65 tok/s is met at 1 stream with a wide margin and missed from 4 on (a busy machine only
+makes streams slower, never faster).
 """
 from __future__ import annotations
 
@@ -14,16 +15,16 @@ from collections import defaultdict
 
 import pytest
 
-from vllm_spark_plugin.bench.fake_server import FakeConfig, FakeServer
+from vllm_spark_plugin.testbed.fake_server import FakeConfig, FakeServer
 from vllm_spark_plugin.cli import main as vllm_spark
 from vllm_spark_plugin.definitions import SLO_MET, slo_outcome
 
-TTFT, FLOOR, E2E = 0.3, 75.0, 5.0
+TTFT, FLOOR, E2E = 0.3, 65.0, 5.0
 
 
 @pytest.fixture
 def fake():
-    srv = FakeServer(FakeConfig(alpha=0.010, beta=0.001, max_batch=4)).start()
+    srv = FakeServer(FakeConfig(alpha=0.001, beta=0.005, max_batch=4)).start()
     yield srv
     srv.stop()
 
@@ -73,19 +74,21 @@ def test_goodput_and_attainment_equal_what_streams_csv_gives(fake, tmp_path, cap
     assert {SLO_MET, "missed_rate", "missed_both"} <= outcomes_seen  # the run exercised the SLO
 
     points = {int(r["concurrency"]): r for r in sweep if r["row_type"] == "point"}
-    assert float(points[1]["slo_attainment"]) == float(points[2]["slo_attainment"]) == 1.0
-    assert float(points[4]["slo_attainment"]) == 0.0          # 71 tok/s < 75 for every stream
+    assert float(points[1]["slo_attainment"]) == 1.0
+    assert float(points[4]["slo_attainment"]) == 0.0          # 48 tok/s < 65 for every stream
     assert float(points[8]["goodput_tps"]) == 0.0
+    capacity = max(c for c, p in points.items() if float(p["slo_attainment"]) >= 0.99)
+    assert capacity in (1, 2)
 
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["curves"][0]["slo_capacity"] == 2
+    assert summary["curves"][0]["slo_capacity"] == capacity
     assert summary["config"]["slo"] == {"ttft_seconds": TTFT, "floor_tokens_per_second": FLOOR,
                                         "e2e_seconds": E2E, "target_attainment": 0.99}
     profile = json.loads((out / "capacity_profile.json").read_text())
-    assert profile["slo"]["capacity"] == 2 and profile["slo"]["target_attainment"] == 0.99
+    assert profile["slo"]["capacity"] == capacity and profile["slo"]["target_attainment"] == 0.99
     assert profile["slo"]["attainment"]["4"] == 0.0
-    assert ("highest concurrency with SLO attainment >= 0.99 (TTFT <= 0.3 s, per-stream rate >= 75 tok/s, "
-            "end-to-end <= 5 s): 2") in stdout
+    assert ("highest concurrency with SLO attainment >= 0.99 (TTFT <= 0.3 s, per-stream rate >= 65 tok/s, "
+            f"end-to-end <= 5 s): {capacity}") in stdout
     html = (out / "report.html").read_text()
     assert "SLO attainment %" in html and "goodput tok/s" in html and "Latency SLO" in html
 

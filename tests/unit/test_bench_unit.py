@@ -168,15 +168,3 @@ def test_bad_options_named_in_errors(capsys):
     assert "--model given 3 times for 2 endpoints" in capsys.readouterr().err
     assert bench_cli.run(_args(["--requests", "5"])) == bench_cli.EXIT_USAGE
     assert "closed-loop only" in capsys.readouterr().err
-
-
-def test_tokenizer_gives_exact_length_text_prompts(tiny_model_path):
-    from transformers import AutoTokenizer
-    f = PromptFactory("t", seed=3)
-    f.use_tokenizer(str(tiny_model_path))
-    tok = AutoTokenizer.from_pretrained(str(tiny_model_path))
-    prompts = [f.random_prompt(32, token_ids=True) for _ in range(20)]
-    assert all(isinstance(p, str) for p in prompts) and len(set(prompts)) == 20
-    assert sum(len(tok.encode(p, add_special_tokens=False)) == 32 for p in prompts) >= 19
-    with pytest.raises(ValueError, match="--tokenizer '/nonexistent'"):
-        PromptFactory("t").use_tokenizer("/nonexistent")

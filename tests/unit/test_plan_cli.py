@@ -132,12 +132,20 @@ def test_bad_config_content(tmp_path):
 
 
 def test_serving_options_move_the_prediction_the_published_way():
-    """--enforce-eager slows decode, MTP speeds up one stream, llama.cpp's lower overhead speeds it up."""
+    """--enforce-eager slows decode, MTP speeds up one stream, llama.cpp's lower overhead speeds it up
+    (in process: the same argument parsing and deployment building as the command)."""
+    import argparse
+
+    from vllm_spark_plugin.plan.cli import add_arguments, build_deployment
+    from vllm_spark_plugin.plan.stepmodel import StepModel
+
     def rate(model, *extra):
-        doc = json.loads(plan("--model", model, "--concurrency", "1", "--json", *extra, check_rc=0).stdout)
-        return doc["curve"][0]["aggregate_tokens_per_second"], doc
-    base, doc = rate("gpt-oss-120b", "--weight-format", "mxfp4")
-    assert doc["inputs"]["serving"]["engine"] == "vllm" and doc["step_model"]["routing_skew"] > 0
+        parser = argparse.ArgumentParser()
+        add_arguments(parser)
+        dep, _ = build_deployment(parser.parse_args(["--model", model, *extra]))
+        return StepModel(dep).aggregate_rate(1), dep
+    base, dep = rate("gpt-oss-120b", "--weight-format", "mxfp4")
+    assert dep.serving.engine == "vllm" and dep.routing_skew()[0] > 0
     assert rate("gpt-oss-120b", "--weight-format", "mxfp4", "--enforce-eager")[0] < 0.6 * base  # published 59 -> 26
     assert rate("gpt-oss-120b", "--weight-format", "mxfp4", "--engine", "llama.cpp")[0] > base
     # one stream: the routing skew cannot matter

@@ -119,3 +119,45 @@ def test_plan_json_is_finite_and_complete():
         for k in ("concurrency", "aggregate_tokens_per_second", "per_stream_tokens_per_second", "ttft_seconds"):
             assert isinstance(row[k], (int, float)) and math.isfinite(row[k])
     assert plan["step_model"]["alpha_seconds"] > 0 and plan["step_model"]["beta_seconds"] > 0
+
+
+def test_speculative_step_verifies_n_plus_1_tokens_and_emits_the_acceptance_length():
+    from vllm_spark_plugin.plan.engine import Serving, SpecDecode
+    plain = StepModel(dep("Qwen3-30B-A3B"))
+    spec = StepModel(dep("Qwen3-30B-A3B", serving=Serving(spec=SpecDecode(num_tokens=2, acceptance_length=2.5))))
+    c = spec.components(4)
+    assert c["tokens_per_stream"] == 3 and c["emitted_per_step"] == 2.5
+    # 4 streams x 3 tokens are routed: the experts of 12 tokens are read
+    assert c["experts_touched_per_layer"] == pytest.approx(distinct_experts(128, 8, 12, spec.skew))
+    assert c["draft"] > 0 and spec.step_seconds(4) > plain.step_seconds(4)
+    assert spec.per_stream_rate(4) == pytest.approx(2.5 / spec.step_seconds(4))
+    # default acceptance: 1 + 0.85 + 0.85^2 for two drafted tokens
+    assert SpecDecode(num_tokens=2).mean_emitted() == pytest.approx(1 + 0.85 + 0.85 ** 2)
+
+
+def test_enforce_eager_adds_a_host_launch_per_kernel():
+    from vllm_spark_plugin.plan.engine import ENGINES, Serving
+    graphs = StepModel(dep("Llama-3.1-8B"))
+    eager = StepModel(dep("Llama-3.1-8B", serving=Serving(enforce_eager=True)))
+    extra = eager.components(1)["overhead"] - graphs.components(1)["overhead"]
+    assert extra == pytest.approx(graphs.kernels * ENGINES["vllm"].eager_kernel_seconds)
+
+
+def test_engine_overhead_scales_the_kernel_and_host_terms():
+    from vllm_spark_plugin.plan.engine import ENGINES, Serving
+    hw = load_hardware("gb10")
+    sm = StepModel(dep("Llama-3.1-8B", serving=Serving(engine="llama.cpp")))
+    e = ENGINES["llama.cpp"]
+    assert sm.base_overhead == pytest.approx(sm.kernels * hw.kernel_overhead_seconds * e.kernel_scale
+                                             + hw.step_overhead_seconds * e.host_scale)
+
+
+def test_kernel_path_efficiency_applies_per_path():
+    from vllm_spark_plugin.plan.engine import Serving, path_efficiency
+    assert path_efficiency("vllm", "nvfp4", "marlin").bandwidth_scale == 1.0  # generic path
+    slow = path_efficiency("vllm-0.17", "nvfp4", "marlin")
+    assert slow.bandwidth_scale == 0.5 and "kubis" in slow.source
+    base = StepModel(dep("Qwen3-30B-A3B")).components(1)
+    old = StepModel(dep("Qwen3-30B-A3B", serving=Serving(release="vllm-0.17", moe_backend="marlin"))).components(1)
+    assert old["experts"] == pytest.approx(2 * base["experts"])  # the MoE backend's path only
+    assert old["weights"] == pytest.approx(base["weights"])

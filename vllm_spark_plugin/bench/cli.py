@@ -319,7 +319,7 @@ def _check_context(args, targets: list[EndpointTarget], workloads: list[Workload
             for w in (workloads if "sweep" in scenarios else []):
                 t.prompts.check_fits(w, token_ids, t.info.max_model_len)
             if any(s != "sweep" for s in scenarios):
-                S.fit_prompt_len(args.long_prompt_tokens, t.info.max_model_len)
+                S.fit_prompt_len(args.long_prompt_tokens, t.info.max_model_len, exact=False)  # the stricter fit
         except ContextError as exc:
             raise UsageError(f"{t.info.endpoint} (model {t.info.model}): {exc}") from None
 

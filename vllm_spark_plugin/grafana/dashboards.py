@@ -435,6 +435,18 @@ def fleet(slo: SLOConfig) -> dict:
     d = d.with_panel(P.ts("Running vs capacity per instance", f"Running requests against each instance's capacity at {floor:g} tok/s.",
                           [Q(_sum_by_instance(N.RUNNING), "{{instance}} running"),
                            Q(q.instance_capacity(floor, S), "{{instance}} capacity")], "short", min_val=0))
+    d = d.with_panel(P.ts(f"Spare capacity under both SLOs at {floor:g} tok/s per instance",
+                          "vllm_spark_spare_capacity_streams: streams each instance can still take while meeting the TTFT SLO and the "
+                          "floor (below 0: overloaded); the fleet line is their sum.",
+                          [Q(_sum_by_instance(N.SPARE_CAPACITY, fm), "{{instance}}"),
+                           Q(f"sum ({q.sel(N.SPARE_CAPACITY, fm, base=S)})", "fleet")], "short",
+                          steps=((None, "red"), (0, "orange"), (1, "green"))))
+    met = 'outcome="met"'
+    d = d.with_panel(P.ts("Goodput per instance (stacked)",
+                          f"Output tokens/s of requests that met the latency SLO (TTFT <= {slo.ttft_slo_seconds:g} s and "
+                          f">= {floor:g} tok/s per stream); the stack's top is the fleet's goodput.",
+                          [Q(f"sum by (instance) ({q.rate(N.SLO_OUTPUT_TOKENS, R, fm, met, base=S)})", "{{instance}}")],
+                          TOK_S, stack=True, min_val=0))
 
     row = P.text_row("Instance $instance", collapsed=True, repeat="instance")
     row = row.with_panel(P.ts("Tokens/s and plateau", "Generation tokens/s against the live plateau 1/beta.",

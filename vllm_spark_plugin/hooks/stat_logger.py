@@ -49,8 +49,8 @@ class SparkStatLogger(StatLoggerBase):
         self.engine_index = engine_index
         self.exporter = None
         self.reader = None
+        self.hook_steps = False  # the engines' steps come through the channel (to this or another API server)
         self._engines: dict = {}
-        self._hooked: set[int] = set()  # engines whose steps arrive through the channel
         try:
             from vllm_spark_plugin.metrics import exporter as exporter_mod
             if settings.current().disable:
@@ -81,8 +81,9 @@ class SparkStatLogger(StatLoggerBase):
         directory = channel.run_dir()
         if directory is None or not self.caps["step_hook"].ok:
             return
+        self.hook_steps = True
         reader = channel.StepReader(directory, self._on_step, errors.report)
-        if reader.start():
+        if reader.start():  # else another API server of this serve reads them
             self.reader = reader
 
     def _on_step(self, fields) -> None:
@@ -91,7 +92,6 @@ class SparkStatLogger(StatLoggerBase):
         st = self._engines.get(engine)
         if st is None:
             st = self._engines[engine] = self.exporter.engine(engine)
-            self._hooked.add(engine)
         if step_us < 0 or pr < 0 or pt < 0 or dr < 0 or dt < 0:
             st.children.invalid.inc()
             return
@@ -110,7 +110,9 @@ class SparkStatLogger(StatLoggerBase):
             if st is None:
                 st = self._engines[engine_idx] = exp.engine(engine_idx)
             s = unpack(scheduler_stats, iteration_stats)
-            s.batch_from_running = engine_idx not in self._hooked
+            # with the hook's records arriving on the channel, the batch histogram is theirs (exact,
+            # one per step); vLLM's running count would count each step a second time
+            s.batch_from_running = not self.hook_steps
             st.record(derive(s, exp.total_blocks))
         except Exception as exc:
             errors.report("record", exc)

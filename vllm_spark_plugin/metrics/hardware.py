@@ -1,4 +1,5 @@
-"""Hardware telemetry, sampled off vLLM's hot path: NVML (GPU) and /proc (unified memory, PSI).
+"""Hardware telemetry, sampled off vLLM's hot path: NVML (GPU); /proc (unified memory, PSI, the kernel
+log) is read by `memory_telemetry.py`.
 
 On GB10 NVML's memory queries return NOT_SUPPORTED (the memory is unified), so memory comes from
 /proc/meminfo and /proc/pressure/memory.  Without a driver `nvmlInit` fails and the GPU series are
@@ -12,37 +13,6 @@ import logging
 from vllm_spark_plugin.metrics import errors
 
 log = logging.getLogger("vllm_spark_plugin")
-
-
-def read_meminfo(path: str = "/proc/meminfo") -> dict[str, int]:
-    """{'total', 'available', 'used'} in bytes (used = MemTotal - MemAvailable)."""
-    vals: dict[str, int] = {}
-    with open(path, encoding="ascii") as fh:
-        for line in fh:
-            key, _, rest = line.partition(":")
-            if key in ("MemTotal", "MemAvailable"):
-                vals[key] = int(rest.split()[0]) * 1024  # kB
-    total, avail = vals["MemTotal"], vals["MemAvailable"]
-    return {"total": total, "available": avail, "used": total - avail}
-
-
-def read_psi(path: str = "/proc/pressure/memory") -> dict[tuple[str, str], float]:
-    """{(kind, window): share of time 0-1} from a PSI file; {} where the kernel has no PSI."""
-    out: dict[tuple[str, str], float] = {}
-    try:
-        with open(path, encoding="ascii") as fh:
-            for line in fh:
-                parts = line.split()
-                if not parts:
-                    continue
-                kind = parts[0]
-                for item in parts[1:]:
-                    k, _, v = item.partition("=")
-                    if k.startswith("avg"):
-                        out[(kind, k)] = float(v) / 100.0
-    except (FileNotFoundError, PermissionError, OSError):
-        return {}
-    return out
 
 
 # NVML clock-event (throttle) reason bits, named as in nvml.h.

@@ -19,6 +19,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import stat
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -237,11 +238,10 @@ class KmsgReader:
         """Raises OSError (FileNotFoundError, PermissionError, ...) when the log cannot be read."""
         fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
         try:
+            if stat.S_ISDIR(os.fstat(fd).st_mode):  # opens, but can never be read
+                raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), self.path)
             if not self.from_start:
                 os.lseek(fd, 0, os.SEEK_END)
-            os.read(fd, 0)  # a path that opens but cannot be read (a directory) fails here
-        except BlockingIOError:
-            pass
         except OSError:
             os.close(fd)
             raise

@@ -6,7 +6,7 @@ no permission, a container without `/dev/kmsg`) logs one line the first time and
 gauge at 0, with no error loop.  Malformed input is counted in `vllm_spark_plugin_errors_total
 {where="invalid_<source>"}`.
 
-Setting (read here from the environment, a bad value is logged by name and the default kept):
+Setting (in `settings.Settings`, validated here: a bad value is logged by name and the default kept):
 
     SPARK_PLUGIN_KERNEL_LOG   the kernel log to follow: a /dev/kmsg-format path (default /dev/kmsg),
                               or off
@@ -32,8 +32,11 @@ MEMINFO, PSI, KERNEL_LOG, NVML_MEMORY = "meminfo", "psi", "kernel_log", "nvml_me
 def kernel_log_path(environ=None) -> str | None:
     """The kernel log to follow (None: off).  A value that is neither `off` nor an absolute path is
     logged by name and the default kept."""
-    env = os.environ if environ is None else environ
-    raw = (env.get(KERNEL_LOG_ENV) or "").strip()
+    if environ is None:
+        from vllm_spark_plugin import settings
+        raw = settings.current().kernel_log.strip()
+    else:
+        raw = (environ.get(KERNEL_LOG_ENV) or "").strip()
     if not raw:
         return ms.KMSG_PATH
     if raw.lower() in OFF:

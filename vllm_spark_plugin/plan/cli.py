@@ -117,6 +117,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--moe-backend", default="auto", choices=MOE_BACKENDS, help="MoE kernel path (vLLM --moe-backend)")
     s.add_argument("--linear-backend", default="auto", choices=LINEAR_BACKENDS,
                    help="dense linear kernel path (vLLM --linear-backend)")
+    s.add_argument("--engine-release", default="",
+                   help="engine release class for kernel-path efficiencies (e.g. vllm-0.17: unpatched NVFP4 paths on SM12.1)")
     s.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs: every kernel pays a host launch")
     s.add_argument("--expert-parallel", action="store_true",
                    help="experts spread over the tp ranks (all-to-all dispatch/combine instead of the MoE all-reduce)")
@@ -195,7 +197,7 @@ def _serving(args):
                           acceptance_length=args.spec_acceptance_length, draft_cost=args.spec_draft_cost)
     elif args.spec_acceptance_length is not None or args.spec_draft_cost is not None:
         raise PlanError("--spec-acceptance-length / --spec-draft-cost need --spec-tokens N")
-    return Serving(engine=args.engine, moe_backend=args.moe_backend, linear_backend=args.linear_backend,
+    return Serving(engine=args.engine, release=args.engine_release, moe_backend=args.moe_backend, linear_backend=args.linear_backend,
                    enforce_eager=args.enforce_eager, expert_parallel=args.expert_parallel, spec=spec,
                    routing_skew=args.routing_skew)
 

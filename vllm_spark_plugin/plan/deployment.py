@@ -17,6 +17,7 @@ from vllm_spark_plugin.plan.engine import Serving
 from vllm_spark_plugin.plan.formats import (COMPUTE_DTYPE, KV_DTYPE_BYTES, STATE_DTYPE_BYTES, bits,
                                             component_formats)
 from vllm_spark_plugin.plan.hardware import Hardware
+from vllm_spark_plugin.plan.routing import skew_from_routing_doc
 
 GB = 1e9
 GiB = 2**30
@@ -198,8 +199,6 @@ class Deployment:
 
     def routing_skew(self) -> tuple[float, str]:
         """(skew, where it came from): the serving option if set, else the model's published statistic."""
-        from vllm_spark_plugin.plan.routing import skew_from_routing_doc
-
         if self.serving.routing_skew is not None:
             return self.serving.routing_skew, "set by hand"
         if not self.arch.is_moe:
@@ -230,6 +229,7 @@ class Deployment:
         return self.hw.peak(self.compute_dtype)
 
     def inputs(self) -> dict:
+        skew, skew_source = self.routing_skew()
         return {
             "model": self.arch.name, "hardware": self.hw.name, "weight_format": self.weight_format,
             "component_formats": dict(self.formats), "kv_dtype": self.kv_dtype, "state_dtype": self.state_dtype,
@@ -238,8 +238,7 @@ class Deployment:
             "gpu_memory_utilization": self.gpu_memory_utilization, "os_reserve_bytes": self.os_reserve_bytes,
             "cudagraph_bytes": self.cudagraph_bytes, "max_num_batched_tokens": self.max_num_batched_tokens,
             "max_num_seqs": self.max_num_seqs, "text_only": self.text_only,
-            "serving": self.serving.to_dict(), "routing_skew": self.routing_skew()[0],
-            "routing_skew_source": self.routing_skew()[1],
+            "serving": self.serving.to_dict(), "routing_skew": skew, "routing_skew_source": skew_source,
         }
 
 

@@ -15,7 +15,7 @@ can be carried to another model on the same box and engine.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 
 @dataclass(frozen=True)
@@ -47,10 +47,11 @@ class PathEfficiency:
 
 # (engine, weight format, backend) -> efficiency relative to the machine.  "*" matches anything.
 # Only entries with a published figure behind them; everything else is the generic path.
+_KUBIS_N = "kubis.ai Nemotron-3-Super topology benchmark: without the SM12.1 CUTLASS patch 'FlashInfer/Marlin backends run at half speed'"
 KERNEL_PATHS: dict[tuple[str, str, str], PathEfficiency] = {
-    # kubis.ai (Nemotron-3-Super on vLLM 0.17): "Without the CUTLASS patch, FlashInfer/Marlin backends
-    # run at half speed" on SM12.1 -- the NVFP4 MoE path of that era without the patch.
-    ("vllm-0.17", "nvfp4", "marlin"): PathEfficiency(0.5, 1.0, "kubis.ai Nemotron-3-Super topology benchmark"),
+    # vLLM 0.17 on SM12.1 without the CUTLASS patch: the NVFP4 paths of that release at half speed
+    ("vllm-0.17", "nvfp4", "marlin"): PathEfficiency(0.5, 0.5, _KUBIS_N),
+    ("vllm-0.17", "nvfp4", "flashinfer_cutlass"): PathEfficiency(0.5, 0.5, _KUBIS_N),
 }
 
 

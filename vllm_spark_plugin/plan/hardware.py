@@ -5,7 +5,8 @@ Required fields: name, memory_bytes, bandwidth_nominal_bytes_per_second,
 compute_flops_per_second (a mapping dtype -> FLOP/s with at least "bf16").  Optional (defaults in
 `_DEFAULTS`): bandwidth_measured_bytes_per_second, unified_memory, os_reserve_bytes,
 gpu_memory_utilization, kernel_overhead_seconds, step_overhead_seconds, runtime_base_bytes,
-interconnect {bandwidth_bytes_per_second, latency_seconds}, description, notes, sources.
+interconnect {bandwidth_bytes_per_second, latency_seconds, small_message_bandwidth_bytes_per_second,
+small_message_limit_bytes}, description, notes, sources.
 """
 from __future__ import annotations
 

@@ -8,8 +8,9 @@ bandwidth efficiency above 1.  Here each observed decode rate is explained by
 
 with shared machine/engine factors (x = 1 / bandwidth efficiency, s_engine = overhead scale per
 engine) and per-model factors (m_model = overhead multiplier, p_model = per-stream work multiplier
-on the cache/state traffic S and the compute C, skew_model = routing skew).  Both kinds
-have priors centred on the defaults (the published routing statistic for the skew); the fit is the
+on the cache/state traffic S and the compute C, skew_model = routing skew).  With two or more models
+the mean of their factors is held at 1, so what they share goes to the machine and what differs to
+the models.  Both kinds have priors centred on the defaults (the published routing statistic for the skew); the fit is the
 maximum a posteriori solution (Levenberg-Marquardt on log-rate residuals plus prior residuals).  A
 model seen at one concurrency only cannot move its skew; a factor the data do not constrain stays at
 its prior.  Widths of the priors: docs/plan.md, "Calibration".
@@ -30,6 +31,7 @@ SIGMA_RATE = 0.05           # published figures: run-to-run spread and inputs th
 SIGMA_MACHINE = 0.10        # log-width of the machine/engine priors (defaults are physical estimates)
 SIGMA_MODEL_OVERHEAD = 0.30 # log-width of a model's overhead multiplier
 SIGMA_MODEL_PER_STREAM = 0.30  # log-width of a model's per-stream work multiplier
+SIGMA_CENTRE = 0.02          # with 2+ models: their factors' mean stays at 1, what they share is the machine's
 SIGMA_SKEW = 0.30           # width of the routing-skew prior around the published statistic
 MAX_SKEW = 3.0
 
@@ -86,48 +88,62 @@ class _Terms:
         return O, M, S, C, K, L, self.default_skew
 
 
-def fit_joint(observations: Sequence[Observation], base: Efficiency | None = None,
-              fit_skew: bool = True) -> JointFit:
-    base = base or Efficiency()
-    obs = list(observations)
-    engines = sorted({o.engine for o in obs})
-    models = sorted({o.model for o in obs})
-    terms = [_Terms(o, base.compute) for o in obs]
-    # prior skew of each model: its published statistic (what the deployment resolves by default)
-    prior_skew = {m: next(t.at(None)[6] for t, o in zip(terms, obs) if o.model == m) for m in models}
-    skewed = [m for m in models if fit_skew and any(o.model == m and o.concurrency > 1 and o.dep.arch.is_moe
-                                                     for o in obs)]
-    names = (["bandwidth", "link"] + [f"overhead[{e}]" for e in engines] + [f"model_overhead[{m}]" for m in models]
-             + [f"model_per_stream[{m}]" for m in models] + [f"skew[{m}]" for m in skewed])
-    nm, ne = len(models), len(engines)
-    mu = np.array([math.log(1 / base.bandwidth), math.log(base.link_scale)] + [math.log(base.overhead_scale)] * ne
-                  + [0.0] * (2 * nm) + [prior_skew[m] for m in skewed])
-    sd = np.array([SIGMA_MACHINE] * (2 + ne) + [SIGMA_MODEL_OVERHEAD] * nm + [SIGMA_MODEL_PER_STREAM] * nm
-                  + [SIGMA_SKEW] * len(skewed))
-    ei = {e: 2 + i for i, e in enumerate(engines)}
-    mi = {m: 2 + ne + i for i, m in enumerate(models)}
-    pi = {m: 2 + ne + nm + i for i, m in enumerate(models)}
-    si = {m: 2 + ne + 2 * nm + i for i, m in enumerate(skewed)}
+class _Layout:
+    """Where each factor sits in the parameter vector, with its prior (mean, width)."""
 
-    def rates(theta):
-        out = []
-        for t, o in zip(terms, obs):
-            skew = min(MAX_SKEW, max(0.0, theta[si[o.model]])) if o.model in si else None
-            O, M, S, C, K, L, _ = t.at(skew)
-            x, p = math.exp(theta[0]), math.exp(theta[pi[o.model]])
-            step = (math.exp(theta[ei[o.engine]] + theta[mi[o.model]]) * O + x * M + p * (x * S + C)
-                    + math.exp(theta[1]) * K)
-            out.append(o.concurrency * L / step)
-        return np.array(out)
+    def __init__(self, obs: list, terms: list, base: Efficiency, fit_skew: bool):
+        self.engines = sorted({o.engine for o in obs})
+        self.models = sorted({o.model for o in obs})
+        # prior skew of each model: its published statistic (what the deployment resolves by default)
+        prior_skew = {m: next(t.default_skew for t, o in zip(terms, obs) if o.model == m) for m in self.models}
+        self.skewed = [m for m in self.models if fit_skew and any(
+            o.model == m and o.concurrency > 1 and o.dep.arch.is_moe for o in obs)]
+        entries = [("bandwidth", math.log(1 / base.bandwidth), SIGMA_MACHINE),
+                   ("link", math.log(base.link_scale), SIGMA_MACHINE)]
+        entries += [(f"overhead[{e}]", math.log(base.overhead_scale), SIGMA_MACHINE) for e in self.engines]
+        entries += [(f"model_overhead[{m}]", 0.0, SIGMA_MODEL_OVERHEAD) for m in self.models]
+        entries += [(f"model_per_stream[{m}]", 0.0, SIGMA_MODEL_PER_STREAM) for m in self.models]
+        entries += [(f"skew[{m}]", prior_skew[m], SIGMA_SKEW) for m in self.skewed]
+        self.names = [n for n, _, _ in entries]
+        self.mu = np.array([m for _, m, _ in entries])
+        self.sd = np.array([w for _, _, w in entries])
+        self.index = {n: i for i, n in enumerate(self.names)}
 
-    observed = np.array([o.rate for o in obs])
+    def skew(self, theta, model: str) -> float | None:
+        i = self.index.get(f"skew[{model}]")
+        return None if i is None else min(MAX_SKEW, max(0.0, float(theta[i])))
 
-    def residuals(theta):
-        return np.concatenate([np.log(rates(theta) / observed) / SIGMA_RATE, (theta - mu) / sd])
+    def value(self, theta, name: str) -> float:
+        return math.exp(theta[self.index[name]])
 
-    theta, lam = mu.copy(), 1e-2
-    r = residuals(theta)
-    for _ in range(40):  # Levenberg-Marquardt with a forward-difference Jacobian
+
+def _rates(theta, lay: _Layout, obs: list, terms: list) -> np.ndarray:
+    x, link = lay.value(theta, "bandwidth"), lay.value(theta, "link")
+    out = []
+    for t, o in zip(terms, obs):
+        O, M, S, C, K, L, _ = t.at(lay.skew(theta, o.model))
+        s = lay.value(theta, f"overhead[{o.engine}]") * lay.value(theta, f"model_overhead[{o.model}]")
+        p = lay.value(theta, f"model_per_stream[{o.model}]")
+        out.append(o.concurrency * L / (s * O + x * M + p * (x * S + C) + link * K))
+    return np.array(out)
+
+
+def _centring(theta, lay: _Layout) -> np.ndarray:
+    """With two or more models, a deviation they all share belongs to the machine: the mean of each
+    kind of model factor is held at 1 (log 0).  With one model the priors alone split it."""
+    if len(lay.models) < 2:
+        return np.zeros(0)
+    out = []
+    for kind in ("model_overhead", "model_per_stream"):
+        idx = [lay.index[f"{kind}[{m}]"] for m in lay.models]
+        out.append(float(np.mean(theta[idx])) / SIGMA_CENTRE)
+    return np.array(out)
+
+
+def _levenberg_marquardt(residuals, theta: np.ndarray, iterations: int = 40) -> np.ndarray:
+    """Minimise |residuals(theta)|^2 with a forward-difference Jacobian."""
+    r, lam = residuals(theta), 1e-2
+    for _ in range(iterations):
         J = np.empty((len(r), len(theta)))
         for j in range(len(theta)):
             d = np.zeros_like(theta)
@@ -135,23 +151,41 @@ def fit_joint(observations: Sequence[Observation], base: Efficiency | None = Non
             J[:, j] = (residuals(theta + d) - r) / 1e-4
         g, H = J.T @ r, J.T @ J
         step = np.linalg.solve(H + lam * np.diag(np.diag(H) + 1e-9), -g)
-        trial = theta + step
-        rt = residuals(trial)
+        rt = residuals(theta + step)
         if rt @ rt < r @ r:
-            theta, r, lam = trial, rt, lam / 3
+            theta, r, lam = theta + step, rt, lam / 3
             if np.max(np.abs(step)) < 1e-6:
                 break
         else:
             lam *= 10
             if lam > 1e8:
                 break
-    machine = {e: Efficiency(bandwidth=math.exp(-theta[0]), compute=base.compute,
-                             overhead_scale=math.exp(theta[ei[e]]), source="calibrated (machine factors)",
-                             link_scale=math.exp(theta[1]))
-               for e in engines}
-    factors = {m: ModelFactors(routing_skew=(min(MAX_SKEW, max(0.0, float(theta[si[m]]))) if m in si else None),
-                               overhead_scale=math.exp(theta[mi[m]]), per_stream_scale=math.exp(theta[pi[m]]))
-               for m in models}
-    err = np.log(rates(theta) / observed)
-    return JointFit(machine=machine, link_scale=math.exp(theta[1]), models=factors, rms_log_error=float(np.sqrt(np.mean(err ** 2))),
-                    n_observations=len(obs), fitted=[n for n, t, m in zip(names, theta, mu) if abs(t - m) > 1e-9])
+    return theta
+
+
+def fit_joint(observations: Sequence[Observation], base: Efficiency | None = None,
+              fit_skew: bool = True) -> JointFit:
+    """Maximum a posteriori machine/engine and model factors for observed decode rates."""
+    base = base or Efficiency()
+    obs = list(observations)
+    terms = [_Terms(o, base.compute) for o in obs]
+    lay = _Layout(obs, terms, base, fit_skew)
+    observed = np.array([o.rate for o in obs])
+
+    def residuals(theta):
+        return np.concatenate([np.log(_rates(theta, lay, obs, terms) / observed) / SIGMA_RATE,
+                               (theta - lay.mu) / lay.sd, _centring(theta, lay)])
+
+    theta = _levenberg_marquardt(residuals, lay.mu.copy())
+    machine = {e: Efficiency(bandwidth=1 / lay.value(theta, "bandwidth"), compute=base.compute,
+                             overhead_scale=lay.value(theta, f"overhead[{e}]"),
+                             source="calibrated (machine factors)", link_scale=lay.value(theta, "link"))
+               for e in lay.engines}
+    factors = {m: ModelFactors(routing_skew=lay.skew(theta, m),
+                               overhead_scale=lay.value(theta, f"model_overhead[{m}]"),
+                               per_stream_scale=lay.value(theta, f"model_per_stream[{m}]"))
+               for m in lay.models}
+    err = np.log(_rates(theta, lay, obs, terms) / observed)
+    return JointFit(machine=machine, link_scale=lay.value(theta, "link"), models=factors,
+                    rms_log_error=float(np.sqrt(np.mean(err ** 2))), n_observations=len(obs),
+                    fitted=[n for n, t, m in zip(lay.names, theta, lay.mu) if abs(t - m) > 1e-9])

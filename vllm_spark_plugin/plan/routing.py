@@ -25,7 +25,7 @@ from functools import lru_cache
 
 import numpy as np
 
-MAX_SKEW = 50.0  # beyond this the profile is numerically the full-skew limit
+MAX_SKEW = 50.0  # from here on the profile is the full-skew limit (every token picks the same k experts)
 
 
 def _check(n_experts: int, top_k: int, skew: float) -> None:
@@ -35,11 +35,15 @@ def _check(n_experts: int, top_k: int, skew: float) -> None:
         raise ValueError(f"routing skew must be a finite number >= 0, got {skew!r}")
 
 
-@lru_cache(maxsize=512)
-def _selection_probabilities(n_experts: int, top_k: int, skew: float) -> tuple:
+@lru_cache(maxsize=2048)
+def _selection_probabilities(n_experts: int, top_k: int, skew: float) -> np.ndarray:
     """Per-token probability that each expert (most popular first) is among the k chosen."""
     _check(n_experts, top_k, skew)
-    skew = min(skew, MAX_SKEW)
+    if skew >= MAX_SKEW:  # the full-skew limit, exactly: every token picks the same k experts
+        q = np.zeros(n_experts)
+        q[:top_k] = 1.0
+        q.flags.writeable = False
+        return q
     logw = -skew * np.log(np.arange(1, n_experts + 1, dtype=float))
     w = np.exp(logw - logw.max())
     q = np.zeros(n_experts)
@@ -55,20 +59,22 @@ def _selection_probabilities(n_experts: int, top_k: int, skew: float) -> tuple:
         mass -= float(np.sum(1.0 - q[over]))
         q[over] = 1.0
         free &= ~over
-    return tuple(q)
+    q.flags.writeable = False  # cached: shared by every caller
+    return q
 
 
 def selection_probabilities(n_experts: int, top_k: int, skew: float = 0.0) -> np.ndarray:
-    return np.array(_selection_probabilities(int(n_experts), int(top_k), float(skew)))
+    return _selection_probabilities(int(n_experts), int(top_k), float(skew)).copy()
 
 
+@lru_cache(maxsize=65536)
 def distinct_experts(n_experts: int, top_k: int, tokens: float, skew: float = 0.0) -> float:
     """Expected distinct experts one MoE layer touches for `tokens` independently routed tokens."""
     if n_experts <= 0 or top_k <= 0 or tokens <= 0:
         return 0.0
     if skew == 0.0:  # closed form, also the reference the skewed profile must reduce to
         return n_experts * (1.0 - (1.0 - top_k / n_experts) ** tokens)
-    q = selection_probabilities(n_experts, top_k, skew)
+    q = _selection_probabilities(int(n_experts), int(top_k), float(skew))
     return float(np.sum(1.0 - (1.0 - q) ** tokens))
 
 

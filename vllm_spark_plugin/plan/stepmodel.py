@@ -6,13 +6,17 @@ Per decode step of b streams on one tensor-parallel rank:
   fixed overhead (kernels per step x kernel latency + per-step host work) x overhead_scale
   + (weights every step reads: attention / linear-attention / dense / shared experts / LatentMoE
      projections / router / lm_head) / (nominal bandwidth x bandwidth_efficiency)
-  + (expected distinct routed experts touched by b tokens, E * (1 - (1 - k/E)^b) per MoE layer, x
-     bytes per expert) / (same bandwidth)                      <- grows with b and saturates at E
-  + all-reduce latency (tp > 1);
+  + (expected distinct routed experts touched by b tokens per MoE layer under the model's routing
+     skew, plan/routing.py, x bytes per expert) / (same bandwidth) <- grows with b, saturates at E
+  + collective latency (tp > 1, pp > 1);
 * beta — what each stream adds:
   (KV-cache read at the context + recurrent state read and written back) / bandwidth
   + 2 x active params (+ attention math) FLOPs / (peak x compute_efficiency)
-  + all-reduce bytes of its hidden vector (tp > 1).
+  + the size-dependent part of the collectives (Hardware.collective_seconds).
+
+The overhead and the kernel-path factors come from the serving options (plan/engine.py: engine,
+backends, --enforce-eager); with speculative decoding a step verifies 1 + N tokens per stream and
+emits the mean acceptance length.  `ModelFactors` are what a calibration learned about one model.
 
 Because of the expert term t(b) is not linear for MoE models: the knee is defined on the linear fit
 t ~ alpha + beta*b of the predicted curve over b = 1..64 (K = alpha/beta, plateau 1/beta), the same
@@ -152,7 +156,9 @@ class StepModel:
             n = dep.allreduces_per_step()
             if dep.serving.expert_parallel and self.moe_layers:
                 n -= self.moe_layers
-                calls.append((2 * self.moe_layers, (dep.tp - 1) / dep.tp * dep.arch.top_k * row * tokens, 1.0))
+                # LatentMoE dispatches the latent vector, not the hidden one (Nemotron-3-Super: 1024 vs 4096)
+                moe_row = (dep.arch.moe_latent or dep.arch.hidden) * 2
+                calls.append((2 * self.moe_layers, (dep.tp - 1) / dep.tp * dep.arch.top_k * moe_row * tokens, 1.0))
             calls.append((n, row * tokens, 2 * (dep.tp - 1) / dep.tp))
         if dep.pp > 1:
             calls.append((dep.pp - 1, row * tokens, 1.0))

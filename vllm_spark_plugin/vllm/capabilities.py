@@ -15,9 +15,7 @@ import inspect
 from dataclasses import dataclass
 
 from .platform import version_tuple, vllm_version
-
-# Oldest and newest vLLM minor release the port was checked against (inclusive).
-WINDOW = ((0, 26), (0, 33))
+from .releases import WINDOW  # oldest and newest minor release checked (inclusive)
 
 SCHEDULER_MODULE = "vllm.v1.core.sched.scheduler"
 STAT_LOGGER_GROUP = "vllm.stat_logger_plugins"

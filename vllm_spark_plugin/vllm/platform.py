@@ -75,3 +75,8 @@ def current_vllm_config():
         return get_current_vllm_config_or_none()
     except Exception:
         return None
+
+def environment_variable_names() -> set[str]:
+    """The VLLM_* variables the installed vLLM reads (its own registry, `vllm.envs`)."""
+    import vllm.envs as envs
+    return set(envs.environment_variables)

@@ -14,8 +14,15 @@ Endpoints: POST /v1/completions and /v1/chat/completions (SSE streaming, `usage`
 `stream_options.include_usage`; non-streaming too), GET /v1/models, /version, /health, /metrics (with
 `vllm:cache_config_info` and `vllm_spark_info` lines), POST /tokenize.
 
+Clocks: by default the engine runs on the event loop's clock (`LoopClock`: a step takes real time,
+as a client on the wall clock expects).  With `FakeServer(cfg, clock=SimulatedClock())` time is
+simulated and the test controls it: nothing happens until `clock.advance(seconds)`, every step then
+ends exactly at its scheduled time however late the machine runs it, and the server records each
+request's arrival and token times on that clock (`server.timings`), so timing assertions on it are
+exact.
+
 Use in-process (`FakeServer(FakeConfig(...)).start()` runs it on a thread) or as a process:
-`python -m vllm_spark_plugin.bench.fake_server --port 0` prints its URL on stdout.
+`python -m vllm_spark_plugin.testbed.fake_server --port 0` prints its URL on stdout.
 """
 from __future__ import annotations
 
@@ -28,7 +35,7 @@ import sys
 import threading
 import time
 import zlib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 from aiohttp import web
 
@@ -52,12 +59,100 @@ class FakeConfig:
     port: int = 0
 
 
+class LoopClock:
+    """The event loop's clock: a step takes real time.  A step that ends late (a busy machine) moves
+    the schedule on from there instead of catching up in a burst."""
+
+    def now(self) -> float:
+        return asyncio.get_running_loop().time()
+
+    async def started(self) -> None:
+        return None
+
+    @staticmethod
+    def admits(arrived: float, step_start: float) -> bool:
+        """Whether a waiting request joins the step starting now: always, on the wall clock."""
+        return True
+
+    async def sleep_until(self, t: float) -> float:
+        """Sleep until `t`; returns when the step really ended."""
+        delay = t - self.now()
+        if delay > 0:
+            await asyncio.sleep(delay)
+            return t
+        return self.now()
+
+
+class SimulatedClock:
+    """Simulated time that the test moves with `advance` (from any thread).
+
+    The engine waits for simulated time to reach the end of each step, and a step ends exactly at its
+    scheduled time.  An engine woken by new requests starts its first step only at the next
+    `advance`, so every request that arrived before it joins that step."""
+
+    def __init__(self, start: float = 0.0) -> None:
+        self._now = float(start)
+        self._lock = threading.Lock()
+        self._waiters: list[tuple[float, asyncio.AbstractEventLoop, asyncio.Future]] = []
+
+    def now(self) -> float:
+        return self._now
+
+    async def started(self) -> None:
+        await self._wait(lambda now, _start=self._now: now > _start)
+
+    @staticmethod
+    def admits(arrived: float, step_start: float) -> bool:
+        """A request joins a step only if it arrived by the step's start (however late the machine
+        runs the step)."""
+        return arrived <= step_start
+
+    async def sleep_until(self, t: float) -> float:
+        await self._wait(lambda now: now >= t)
+        return t
+
+    async def _wait(self, ready) -> None:
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if ready(self._now):
+                return
+            fut = loop.create_future()
+            self._waiters.append((ready, loop, fut))
+        await fut
+
+    def advance(self, seconds: float) -> float:
+        """Move simulated time on by `seconds`; every step due by then runs.  Returns the new time."""
+        if not seconds > 0:
+            raise ValueError(f"advance by a positive time, not {seconds!r}")
+        with self._lock:
+            self._now += seconds
+            due = [w for w in self._waiters if w[0](self._now)]
+            self._waiters = [w for w in self._waiters if not w[0](self._now)]
+        for _, loop, fut in due:
+            loop.call_soon_threadsafe(_resolve, fut)
+        return self._now
+
+
+def _resolve(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+@dataclass
+class RequestTimings:
+    """One request as the fake's engine served it, on the server's clock."""
+
+    arrived: float
+    prompt_tokens: int
+    token_times: list[float] = field(default_factory=list)  # one entry per generated token
+
+
 class _Req:
     __slots__ = ("resp", "target", "emitted", "chat", "head", "prompt_tokens", "uncached", "finish",
-                 "done", "pending", "role_sent", "transport", "include_usage")
+                 "done", "pending", "role_sent", "transport", "include_usage", "timings", "arrived")
 
     def __init__(self, resp, target, chat, head, prompt_tokens, uncached, finish, done, transport,
-                 include_usage):
+                 include_usage, arrived, timings=None):
         self.resp = resp
         self.target = target
         self.emitted = 0
@@ -71,6 +166,8 @@ class _Req:
         self.role_sent = False
         self.transport = transport
         self.include_usage = include_usage
+        self.timings = timings
+        self.arrived = arrived
 
 
 def _error(status: int, message: str, kind: str = "BadRequestError") -> web.Response:
@@ -83,8 +180,13 @@ def fake_token_ids(text: str, vocab: int) -> list[int]:
 
 
 class FakeServer:
-    def __init__(self, config: FakeConfig | None = None) -> None:
+    def __init__(self, config: FakeConfig | None = None, clock: LoopClock | SimulatedClock | None = None) -> None:
         self.cfg = config or FakeConfig()
+        self.clock = clock or LoopClock()
+        # Per-request timings on `clock`, by request id (cmpl-N / chatcmpl-N): kept under a simulated
+        # clock only (a load run on the wall clock would grow it without bound).
+        self.timings: dict[str, RequestTimings] = {}
+        self._record = isinstance(self.clock, SimulatedClock)
         self.requests_seen = 0
         self.dead = False
         self.max_batch_seen = 0
@@ -194,28 +296,30 @@ class FakeServer:
     def __exit__(self, *exc) -> None:
         self.stop()
 
+    @property
+    def in_flight(self) -> int:
+        """Requests the engine holds (running or waiting)."""
+        return len(self._running) + len(self._waiting)
+
     # ------------------------------------------------------------------------------ engine
     async def _engine(self) -> None:
-        loop = asyncio.get_running_loop()
+        clock = self.clock
         cfg = self.cfg
-        next_t = loop.time()
+        next_t = clock.now()
         while True:
             if not self._running and not self._waiting:
                 self._wake.clear()
                 await self._wake.wait()
-                next_t = loop.time()
+                next_t = clock.now()
+                await clock.started()
             joining = []
-            while self._waiting and len(self._running) + len(joining) < cfg.max_batch:
+            while (self._waiting and len(self._running) + len(joining) < cfg.max_batch
+                   and clock.admits(self._waiting[0].arrived, next_t)):
                 joining.append(self._waiting.popleft())
             batch = self._running + joining
             self.max_batch_seen = max(self.max_batch_seen, len(batch))
             step = cfg.alpha + cfg.beta * len(batch) + cfg.prefill_per_token * sum(r.uncached for r in joining)
-            next_t += step
-            delay = next_t - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            else:
-                next_t = loop.time()  # fell behind (a busy loop): never catch up in bursts
+            next_t = await clock.sleep_until(next_t + step)
             if self.dead:
                 continue
             keep = []
@@ -229,13 +333,15 @@ class FakeServer:
                 if stall is not None and r.emitted >= stall:
                     keep.append(r)  # hung: in the batch, never another token
                     continue
-                if await self._emit(r):
+                if await self._emit(r, next_t):
                     keep.append(r)
             self._running = keep
 
-    async def _emit(self, r: _Req) -> bool:
-        """One token for `r`; writes a chunk every `tokens_per_chunk` tokens.  False when finished."""
+    async def _emit(self, r: _Req, now: float) -> bool:
+        """One token for `r` at `now`; writes a chunk every `tokens_per_chunk` tokens.  False when finished."""
         r.emitted += 1
+        if r.timings is not None:
+            r.timings.token_times.append(now)
         r.pending += 1
         last = r.emitted >= r.target
         try:
@@ -344,8 +450,12 @@ class FakeServer:
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
             await resp.prepare(request)
         done = asyncio.get_running_loop().create_future()
+        arrived = self.clock.now()
+        timings = None
+        if self._record:
+            timings = self.timings[rid] = RequestTimings(arrived=arrived, prompt_tokens=prompt_tokens)
         req = _Req(resp, target, chat, head, prompt_tokens, 0 if cached else prompt_tokens, finish, done,
-                   request.transport, include_usage)
+                   request.transport, include_usage, arrived, timings)
         self._waiting.append(req)
         self._wake.set()
         ok = await done
@@ -371,7 +481,7 @@ class FakeServer:
 
 
 def _parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m vllm_spark_plugin.bench.fake_server",
+    p = argparse.ArgumentParser(prog="python -m vllm_spark_plugin.testbed.fake_server",
                                 description="fake OpenAI-compatible streaming server with a batching engine")
     for f in fields(FakeConfig):
         kind = {"int | None": int, "int": int, "float": float, "bool": lambda s: s.lower() in ("1", "true", "yes"),
