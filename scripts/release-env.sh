@@ -140,7 +140,7 @@ PYEOF
 fi
 
 step "installing the plugin (editable, $REPO) and pytest"
-logged "install plugin" "$ENV/bin/python" -m pip install -e "$REPO" "pytest>=8"
+logged "install plugin" "$ENV/bin/python" -m pip install -e "$REPO[dev]"
 
 step "verifying imports"
 got=$(installed_version || true)

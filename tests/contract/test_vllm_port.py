@@ -156,5 +156,12 @@ def test_moe_backend_names_map_through_vllms_oracle():
     from vllm.model_executor.layers.fused_moe.oracle import nvfp4 as oracle
 
     from vllm_spark_plugin.moe import policy
+    unknown = []
     for name in policy.SM12X_PREFERENCE:
-        assert oracle.map_nvfp4_backend(name) is not None, name
+        try:
+            assert oracle.map_nvfp4_backend(name) is not None, name
+        except ValueError as exc:  # a backend this release does not have (b12x before 0.29)
+            assert repr(name) in str(exc)
+            unknown.append(name)
+    assert "marlin" not in unknown and "flashinfer_cutlass" not in unknown
+    assert set(unknown) <= {"b12x"}, unknown  # the policy asks vLLM's availability, which says why

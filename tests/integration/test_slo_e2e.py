@@ -68,6 +68,7 @@ def test_server_outcomes_agree_with_the_client_on_at_least_95_percent(slo_run):
         # counts per outcome: the requests on which the two sides can agree at most
         agree += sum(min(server[o], client[o]) for o in SLO_OUTCOMES)
         total += n
+    print("\n" + "\n".join(report))
     assert not unjudged, "the server did not judge every finished request: " + "; ".join(report)
     assert agree >= 0.95 * total, "; ".join(report)
 

@@ -12,6 +12,7 @@ client times tokens on the wall clock) check the same rates with a tolerance.
 """
 from __future__ import annotations
 
+import asyncio
 import csv
 import json
 import os
@@ -19,7 +20,6 @@ import signal
 import socket
 import subprocess
 import sys
-import asyncio
 import time
 from pathlib import Path
 
@@ -28,8 +28,10 @@ from PIL import Image
 
 from vllm_spark_plugin.bench.client import OpenAIStreamClient
 from vllm_spark_plugin.bench.results import CSV_COLUMNS
+from vllm_spark_plugin.bench.stats import summarize
 from vllm_spark_plugin.cli import main as vllm_spark
-from vllm_spark_plugin.definitions import StreamTiming, aggregate_throughput
+from vllm_spark_plugin.definitions import StreamTiming, SweepPoint, aggregate_throughput, capacity_at_floor
+from vllm_spark_plugin.knee.fit import fit_points
 from vllm_spark_plugin.testbed.fake_server import FakeConfig, FakeServer, SimulatedClock
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -118,6 +120,31 @@ def test_rates_are_exact_on_the_simulated_clock(simulated, c):
     assert srv.max_batch_seen == c
 
 
+def test_sweep_on_the_simulated_clock_gives_the_exact_curve_knee_and_capacity(simulated):
+    """The sweep's numbers (summarize, capacity, knee fit) on token times the test controls."""
+    alpha, beta, n = 0.010, 0.001, 40
+    srv, clock = simulated(alpha=alpha, beta=beta)
+    points = []
+    for c in (1, 2, 4, 8, 16):
+        before = set(srv.timings)
+        stream_on_simulated_clock(srv, clock, [[(f"sweep c{c} {i}", n) for i in range(c)]], [10.0])
+        timings = [server_timing(srv, rid) for rid in srv.timings if rid not in before]
+        m = summarize([timings], [n * (alpha + beta * c)])
+        step = alpha + beta * c
+        assert m.per_stream_median_tps == pytest.approx(1 / step, rel=1e-9)
+        assert m.aggregate_tps == pytest.approx(c / step, rel=1e-9)
+        assert m.ttft_p50_s == pytest.approx(step, rel=1e-9)
+        assert m.output_tps == pytest.approx(c / step, rel=1e-9)
+        points.append(SweepPoint(concurrency=c, per_stream_tokens_per_second=m.per_stream_median_tps,
+                                 aggregate_tokens_per_second=m.aggregate_tps, ttft_p50_seconds=m.ttft_p50_s))
+    # 1/(a+16b) = 38.5 >= 20; 1/(a+16b) < 50 <= 1/(a+8b) = 55.6
+    assert capacity_at_floor(points, 20) == 16 and capacity_at_floor(points, 50) == 8
+    fit = fit_points(points, floors=(20, 50), bootstrap=0)
+    assert fit.alpha_seconds == pytest.approx(alpha, rel=1e-6)
+    assert fit.beta_seconds == pytest.approx(beta, rel=1e-6)
+    assert fit.knee == pytest.approx(alpha / beta, rel=1e-6)
+
+
 def test_prefill_stall_is_exact_on_the_simulated_clock(simulated):
     """A 2000-token uncached prompt joining two running streams stalls them for exactly its prefill.
 
@@ -145,6 +172,18 @@ def test_prefill_stall_is_exact_on_the_simulated_clock(simulated):
     assert joined.prompt_tokens == 2000
 
 
+def test_prefix_cache_skips_the_prefill_on_the_simulated_clock(simulated):
+    """The same 2000-token prompt again: its first token comes one plain step after it arrives."""
+    alpha, beta, per_token = 0.010, 0.001, 0.0005
+    srv, clock = simulated(alpha=alpha, beta=beta, prefill_per_token=per_token)
+    prompt = " ".join(f"w{i}" for i in range(2000))
+    stream_on_simulated_clock(srv, clock, [[(prompt, 3)]], [10.0])
+    stream_on_simulated_clock(srv, clock, [[(prompt, 3)]], [10.0])
+    cold, cached = srv.timings["cmpl-1"], srv.timings["cmpl-2"]
+    assert cold.token_times[0] - cold.arrived == pytest.approx(alpha + beta + 2000 * per_token, rel=1e-9)
+    assert cached.token_times[0] - cached.arrived == pytest.approx(alpha + beta, rel=1e-9)
+
+
 def test_multi_token_chunks_on_the_simulated_clock(simulated):
     """Four tokens per chunk: the client sees a chunk every fourth step and counts tokens from usage."""
     alpha, beta, k, n = 0.008, 0.001, 4, 41
@@ -161,7 +200,11 @@ def test_multi_token_chunks_on_the_simulated_clock(simulated):
     assert result.ok and result.timing.output_tokens == n  # usage, not the 11 chunks
     assert len(chunks) == -(-n // k)
     step = alpha + beta
-    assert srv.timings["cmpl-1"].token_times == pytest.approx([i * step for i in range(1, n + 1)], rel=1e-9)
+    times = srv.timings["cmpl-1"].token_times
+    assert times == pytest.approx([i * step for i in range(1, n + 1)], rel=1e-9)
+    # chunks leave at tokens k, 2k, ... and n: the client's rate is (n-1) tokens over (n-k) steps
+    seen = StreamTiming(output_tokens=n, start=0.0, first_token=times[k - 1], last_token=times[-1])
+    assert seen.decode_rate == pytest.approx((n - 1) / ((n - k) * step), rel=1e-9)
 
 
 def test_simulated_clock_moves_only_forward_when_told():
@@ -197,11 +240,15 @@ def test_rates_match_known_timings_and_all_outputs_written(fake, tmp_path, capsy
     points, trials = rows(out, "point"), rows(out, "trial")
     assert [int(p["concurrency"]) for p in points] == [1, 2, 4, 8, 16]
     assert len(trials) == 10 and {t["trial"] for t in trials} == {"1", "2"}
+    # The client times tokens on the wall clock, where a busy machine only makes the fake's steps
+    # later: rates are bounded above by the engine's (with slack for the client's own delays) and
+    # below with room for a slow machine.  The exact rates, knee and capacity: the sweep on the
+    # simulated clock (test_sweep_on_the_simulated_clock_gives_the_exact_curve_knee_and_capacity).
     for p in points:
         c = int(p["concurrency"])
         step = alpha + beta * c
-        assert float(p["per_stream_median_tps"]) == pytest.approx(1 / step, rel=0.10), p
-        assert float(p["aggregate_tps"]) == pytest.approx(c / step, rel=0.12), p
+        assert 0.5 / step <= float(p["per_stream_median_tps"]) <= 1.10 / step, p
+        assert 0.5 * c / step <= float(p["aggregate_tps"]) <= 1.12 * c / step, p
         assert float(p["per_stream_min_tps"]) <= float(p["per_stream_median_tps"])
         assert 0 < float(p["ttft_p50_s"]) <= float(p["ttft_p90_s"]) <= float(p["ttft_p99_s"]) < 1.0
         assert int(p["requests"]) == int(p["completed"]) == 2 * c and int(p["errors"]) == 0
@@ -215,22 +262,24 @@ def test_rates_match_known_timings_and_all_outputs_written(fake, tmp_path, capsy
     for r in streams:
         step = alpha + beta * int(r["concurrency"])
         assert int(r["output_tokens"]) == 40 and r["short"] == "0" and r["bunched"] == "0" and not r["error"]
-        assert float(r["decode_tps"]) == pytest.approx(1 / step, rel=0.15)
+        assert 0.5 / step <= float(r["decode_tps"]) <= 1.15 / step
         assert float(r["decode_tps"]) == pytest.approx(39 / float(r["decode_s"]), rel=1e-4)
 
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "complete" and summary["complete"] is True
     curve = summary["curves"][0]
-    assert curve["capacity"] == {"20": 16, "50": 8}  # 1/(a+16b) = 38.5 >= 20; 1/(a+16b) < 50 <= 1/(a+8b)
-    assert curve["knee"]["knee"] == pytest.approx(alpha / beta, rel=0.3)
-    assert curve["knee"]["plateau_tokens_per_second"] == pytest.approx(1 / beta, rel=0.3)
+    measured = [SweepPoint(concurrency=int(p["concurrency"]), aggregate_tokens_per_second=float(p["aggregate_tps"]),
+                           per_stream_tokens_per_second=float(p["per_stream_median_tps"])) for p in points]
+    expected_capacity = {"20": capacity_at_floor(measured, 20), "50": capacity_at_floor(measured, 50)}
+    assert curve["capacity"] == expected_capacity and expected_capacity["20"] == 16  # 1/(a+16b) = 38.5 >= 20
+    assert curve["knee"]["knee"] >= 1 and curve["knee"]["plateau_tokens_per_second"] > 0
     assert "highest concurrency with median per-stream rate >= 20 tok/s: 16" in stdout
 
     profile = json.loads((out / "capacity_profile.json").read_text())
     for key in ("knee", "plateau_tokens_per_second", "alpha_seconds", "beta_seconds", "capacity", "model",
                 "endpoint", "date", "source"):
         assert key in profile, key
-    assert profile["capacity"] == {"20": 16, "50": 8} and profile["model"] == "fake-model"
+    assert profile["capacity"] == expected_capacity and profile["model"] == "fake-model"
     assert profile["knee"] == curve["knee"]["knee"] and profile["endpoint"] == srv.base_url
 
     # the colleague formats read what the benchmark writes: `vllm-spark knee` and the exporter
@@ -274,9 +323,10 @@ def test_closed_loop_counts_tokens_from_usage_with_multi_token_chunks(fake, tmp_
     assert int(p["requests"]) == 8 and int(p["output_tokens"]) == 8 * n  # usage, not 11 chunks each
     assert int(p["prompt_tokens"]) == 8 * 32  # exact-length token-id prompts
     assert srv.max_batch_seen == 4  # never more than 4 in flight
-    # first chunk after k tokens, last after n: (n-1) tokens over (n-k) steps
+    # first chunk after k tokens, last after n: (n-1) tokens over (n-k) steps (exact: the simulated
+    # clock's test_multi_token_chunks_...); on the wall clock, bounded above with slack
     step = alpha + beta * 4
-    assert float(p["per_stream_median_tps"]) == pytest.approx((n - 1) / ((n - k) * step), rel=0.12)
+    assert 0.5 <= float(p["per_stream_median_tps"]) / ((n - 1) / ((n - k) * step)) <= 1.12
 
 
 def test_short_streams_flagged_not_averaged(fake, tmp_path, capsys):
@@ -382,7 +432,12 @@ def test_fleet_reports_per_endpoint_curves_and_summed_capacity(fake, tmp_path, c
 
 
 def test_prefill_scenarios_measure_dip_and_cache(fake, tmp_path):
-    # a 2000-token uncached prompt costs 2000 * 0.5 ms = 1 s of prefill, stalling every decode stream
+    """A 2000-token uncached prompt costs 2000 * 0.5 ms = 1 s of prefill, stalling every decode stream.
+
+    The client times this on the wall clock, where a busy machine only makes steps later: its timing
+    bounds are one-sided with slack (the exact stall and the cache's saving are asserted on the
+    simulated clock: test_prefill_stall_is_exact_on_the_simulated_clock, test_prefix_cache_...)."""
+    step = 0.010 + 0.004  # four streams
     srv = fake(alpha=0.010, beta=0.001, prefill_per_token=0.0005)
     out = tmp_path / "scn"
     rc = bench("--endpoint", srv.base_url, "--scenario", "prefill-interference", "--scenario", "prefix-reuse",
@@ -393,14 +448,16 @@ def test_prefill_scenarios_measure_dip_and_cache(fake, tmp_path):
     s = json.loads((out / "summary.json").read_text())["scenarios"]
     pi = s["prefill-interference"]
     assert pi["long_prompt"]["prompt_tokens"] == 2000
-    assert pi["baseline_tokens_per_second"] == pytest.approx(1 / (0.010 + 0.004), rel=0.1)
-    assert pi["dip"]["detected"] and pi["dip"]["duration_s"] == pytest.approx(1.0, abs=0.25)
+    # never faster than the engine; a stall of this process (the fake runs on one of its threads) slows it
+    assert 0 < pi["baseline_tokens_per_second"] <= 1.1 / step
+    assert pi["dip"]["detected"] and pi["dip"]["duration_s"] >= 0.75  # the 1 s stall, seen
     assert pi["dip"]["depth_ratio"] < 0.1
     assert pi["probe_ttft_during_prefill_s"]["count"] >= 2
-    assert pi["probe_ttft_during_prefill_s"]["max"] > 0.6 > 0.1 > pi["baseline_probe_ttft_s"]
+    assert pi["probe_ttft_during_prefill_s"]["max"] > 0.6
+    assert pi["baseline_probe_ttft_s"] < pi["probe_ttft_during_prefill_s"]["max"] - 0.5
     pr = s["prefix-reuse"]
-    assert pr["cold_ttft_s"] == pytest.approx(1.0, abs=0.25)
-    assert pr["cached_ttft_s"] < 0.1 and pr["speedup"] > 10
+    assert pr["cold_ttft_s"] >= 0.75  # waits for its 1 s prefill
+    assert pr["cold_ttft_s"] - pr["cached_ttft_s"] >= 0.75 and pr["speedup"] > 1  # the cache saved the prefill
     assert all(p["cached_tokens_reported"] == 2000 for p in pr["pairs"])
     assert (out / "prefill_interference.png").exists()
     html = (out / "report.html").read_text()

@@ -1,7 +1,7 @@
 """Capacity under both SLOs (floor and TTFT), spare capacity, and the live SLO counters.
 
-Steps and first tokens are synthetic, the estimator's clock is injected; the exporter writes to the
-process's prometheus-client registry under a model name no other test uses.
+Steps and first tokens are synthetic, the estimator's clock is injected; each exporter writes to a
+prometheus-client registry of its own.
 """
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from prometheus_client import REGISTRY
+from prometheus_client import CollectorRegistry
 
 from vllm_spark_plugin.metrics.stepstats import StepStats
 from vllm_spark_plugin.knee import OnlineKneeEstimator
@@ -115,13 +115,16 @@ def _step(batch, running, step_seconds=None, ttfts=(), finished_slo=()):
     return d
 
 
-def _value(name, model, **labels):
-    return REGISTRY.get_sample_value(name, {"model_name": model, "engine": "0", **labels})
+def _reader(registry, model):
+    def value(name, **labels):
+        return registry.get_sample_value(name, {"model_name": model, "engine": "0", **labels})
+    return value
 
 
 def test_spare_capacity_crosses_zero_when_running_streams_exceed_capacity():
-    model = "unit-slo-spare"
-    exp = Exporter(model, _settings(0.2))
+    model, registry = "unit-slo-spare", CollectorRegistry()
+    exp = Exporter(model, _settings(0.2), registry=registry)
+    _value = _reader(registry, model)
     st = exp.engine(0)
     rng = np.random.default_rng(3)
     for _ in range(1500):
@@ -129,30 +132,31 @@ def test_spare_capacity_crosses_zero_when_running_streams_exceed_capacity():
         st.record(_step(b, b, (ALPHA + BETA * b) * (1 + 0.02 * rng.standard_normal()),
                         ttfts=[ttft_of(b)] * 4))
     exp.refresh_knee()
-    cap = _value("vllm_spark_slo_capacity_streams", model, floor="20")
-    floor_cap = _value("vllm_spark_capacity_streams", model, floor="20")
-    assert cap == _value("vllm_spark_capacity_ttft_streams", model) and 12 <= cap <= 16 < floor_cap
-    assert _value("vllm_spark_capacity_ttft_verdict", model, verdict="ok") == 1
-    assert _value("vllm_spark_ttft_slo_seconds", model) == 0.2
+    cap = _value("vllm_spark_slo_capacity_streams", floor="20")
+    floor_cap = _value("vllm_spark_capacity_streams", floor="20")
+    assert cap == _value("vllm_spark_capacity_ttft_streams") and 12 <= cap <= 16 < floor_cap
+    assert _value("vllm_spark_capacity_ttft_verdict", verdict="ok") == 1
+    assert _value("vllm_spark_ttft_slo_seconds") == 0.2
     seen = []
     for running in (0, int(cap) - 2, int(cap), int(cap) + 3):
         st.record(_step(running, running))
-        seen.append(_value("vllm_spark_spare_capacity_streams", model, floor="20"))
+        seen.append(_value("vllm_spark_spare_capacity_streams", floor="20"))
     assert seen == [cap, 2, 0, -3]
 
 
 def test_slo_counters_count_requests_and_tokens_by_outcome_per_floor():
-    model = "unit-slo-counters"
-    st = Exporter(model, _settings(1.0, floors=(10.0, 30.0))).engine(0)
+    model, registry = "unit-slo-counters", CollectorRegistry()
+    st = Exporter(model, _settings(1.0, floors=(10.0, 30.0)), registry=registry).engine(0)
+    _value = _reader(registry, model)
     finished = [(0.5, 40.0, 64),   # met at 10 and at 30
                 (0.5, 20.0, 32),   # met at 10, missed_rate at 30
                 (1.5, 20.0, 16),   # missed_ttft at 10, missed_both at 30
                 (0.5, None, 1),    # one token: TTFT alone -> met
                 (None, None, 0)]   # no first token -> missed_ttft
     st.record(_step(1, 1, finished_slo=finished))
-    req = {f: {o: _value("vllm_spark_slo_requests_total", model, floor=f, outcome=o)
+    req = {f: {o: _value("vllm_spark_slo_requests_total", floor=f, outcome=o)
                for o in ("met", "missed_ttft", "missed_rate", "missed_both")} for f in ("10", "30")}
-    tok = {f: {o: _value("vllm_spark_slo_output_tokens_total", model, floor=f, outcome=o)
+    tok = {f: {o: _value("vllm_spark_slo_output_tokens_total", floor=f, outcome=o)
                for o in ("met", "missed_ttft", "missed_rate", "missed_both")} for f in ("10", "30")}
     assert req["10"] == {"met": 3, "missed_ttft": 2, "missed_rate": 0, "missed_both": 0}
     assert req["30"] == {"met": 2, "missed_ttft": 1, "missed_rate": 1, "missed_both": 1}

@@ -10,21 +10,22 @@ from __future__ import annotations
 import torch
 from torch.nn import Parameter
 from vllm.model_executor.layers.linear import WEIGHT_LOADER_V2_SUPPORTED, UnquantizedLinearMethod
-from vllm.model_executor.layers.quantization.modelopt import (
-    ModelOptLinearMethod,
-    ModelOptNvFp4Config,
-    ModelOptNvFp4FusedMoE,
-)
+from vllm.model_executor.layers.quantization.modelopt import ModelOptNvFp4Config, ModelOptNvFp4FusedMoE
 from vllm.model_executor.parameter import ModelWeightParameter, PerTensorScaleParameter
 from vllm.model_executor.utils import replace_parameter
 
 from vllm_spark_plugin.quant import nvfp4 as fmt
-from vllm_spark_plugin.vllm.capabilities import moe_layer_class, unquantized_moe_method_class
+from vllm_spark_plugin.vllm.capabilities import (
+    modelopt_linear_method_class,
+    moe_layer_class,
+    unquantized_moe_method_class,
+)
 from vllm_spark_plugin.vllm.platform import has_cuda
 
 MODELOPT_FP4 = "modelopt_fp4"  # the checkpoint format name vLLM's model code keys on
 MoELayer = moe_layer_class()  # RoutedExperts from 0.32, FusedMoE before
 UnquantizedFusedMoEMethod = unquantized_moe_method_class()
+ModelOptLinearMethod = modelopt_linear_method_class()  # renamed in 0.30
 
 
 class SparkNvFp4Config(ModelOptNvFp4Config):

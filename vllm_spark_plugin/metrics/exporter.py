@@ -171,11 +171,13 @@ class EngineState:
 
 
 class Exporter:
-    def __init__(self, model: str, settings: settings_mod.Settings | None = None) -> None:
+    def __init__(self, model: str, settings: settings_mod.Settings | None = None, registry=None) -> None:
+        """`registry`: a prometheus-client registry of its own (tests); default the process's, which
+        vLLM's /metrics serves."""
         self.settings = settings or settings_mod.current()
         self.slo = slo_settings.from_settings(self.settings)
         self.model = model
-        self.ins = instruments.get()
+        self.ins = instruments.get() if registry is None else instruments.Instruments(registry)
         self.engines: dict[int, EngineState] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None

@@ -150,10 +150,15 @@ def stat_logger() -> Capability:
 
 # --- NVFP4 quantization config and the MoE policy -------------------------------------------------
 def moe_layer_class():
-    """The layer class that holds MoE weights: RoutedExperts (0.32 on), FusedMoE before."""
+    """The layer class that holds MoE weights (every release in the window)."""
     return _first_attr("vllm.model_executor.layers.fused_moe:RoutedExperts",
-                       "vllm.model_executor.layers.fused_moe:FusedMoE",
-                       "vllm.model_executor.layers.fused_moe.layer:FusedMoE")
+                       "vllm.model_executor.layers.fused_moe.routed_experts:RoutedExperts")
+
+
+def modelopt_linear_method_class():
+    """vLLM's ModelOpt NVFP4 linear method: ModelOptLinearMethod (0.30 on), ModelOptNvFp4LinearMethod before."""
+    return _first_attr("vllm.model_executor.layers.quantization.modelopt:ModelOptLinearMethod",
+                       "vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4LinearMethod")
 
 
 def unquantized_moe_method_class():
@@ -168,7 +173,6 @@ NVFP4_PIECES = (
     "vllm.model_executor.layers.quantization.base_config:QuantizationConfig",
     "vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4Config",
     "vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4FusedMoE",
-    "vllm.model_executor.layers.quantization.modelopt:ModelOptLinearMethod",
     "vllm.model_executor.layers.linear:UnquantizedLinearMethod",
     "vllm.model_executor.layers.linear:WEIGHT_LOADER_V2_SUPPORTED",
     "vllm.model_executor.parameter:ModelWeightParameter",
@@ -183,11 +187,12 @@ def _check_nvfp4() -> str:
         _attr(p)
     layer = moe_layer_class()
     unquantized_moe_method_class()
+    linear = modelopt_linear_method_class()
     fused = _attr("vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4FusedMoE")
     init = _params(fused.__init__)
     if init[:3] != ["self", "quant_config", "moe_config"]:
         raise LookupError(f"ModelOptNvFp4FusedMoE.__init__{tuple(init)} is not (quant_config, moe_config)")
-    return f"register_quantization_config, ModelOpt NVFP4 classes, MoE layer {layer.__name__}"
+    return f"register_quantization_config, ModelOpt NVFP4 classes ({linear.__name__}), MoE layer {layer.__name__}"
 
 
 def nvfp4_config() -> Capability:

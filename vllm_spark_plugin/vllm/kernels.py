@@ -41,7 +41,8 @@ def nvfp4_moe_backend_availability(moe_config, use_a16: bool, names) -> dict:
         try:
             backend = oracle.map_nvfp4_backend(name)
             classes = oracle.backend_to_kernel_cls(backend)
-            akey = None if (use_a16 or oracle._use_a16(backend, False)) else kNvfp4Dynamic
+            use_a16_here = getattr(oracle, "_use_a16", lambda b, default: default)  # 0.29 on
+            akey = None if (use_a16 or use_a16_here(backend, False)) else kNvfp4Dynamic
             reasons = []
             for k_cls in classes:
                 ok, reason = k_cls.is_supported_config(k_cls, moe_config, kNvfp4Static, akey, fmt)

@@ -1,0 +1,63 @@
+"""A vLLM that lacks what a feature needs (as a release outside the window does): the plugin loads,
+says once which features are off and why, names them in `vllm_spark_info` and leaves vLLM alone.
+The probes themselves run on real releases (test_vllm_port.py); here one is made to fail."""
+from __future__ import annotations
+
+import logging
+import types
+
+from prometheus_client import REGISTRY
+
+from vllm_spark_plugin.hooks import scheduler as hook
+from vllm_spark_plugin.hooks import stat_logger as sl
+from vllm_spark_plugin.vllm import capabilities
+
+MODEL = "outside-window-model"
+
+
+def missing(name):
+    return lambda: capabilities.Capability(name, False, "LookupError: SchedulerOutput lacks scheduled_new_reqs")
+
+
+def test_a_missing_piece_turns_one_feature_off_plainly(monkeypatch, caplog):
+    monkeypatch.setitem(capabilities.PROBES, "step_hook", missing("step_hook"))
+    monkeypatch.setattr(sl, "_announced", False)
+    cfg = types.SimpleNamespace(cache_config=types.SimpleNamespace(num_gpu_blocks=101),
+                                model_config=types.SimpleNamespace(served_model_name=MODEL))
+    with caplog.at_level(logging.INFO, logger="vllm_spark_plugin"):
+        logger = sl.SparkStatLogger(cfg, engine_index=0)
+        sl.SparkStatLogger(cfg, engine_index=1)  # a second engine: no second announcement
+    logger.exporter.stop_background()
+    said = [r.getMessage() for r in caplog.records if "off:" in r.getMessage()]
+    assert len(said) == 1 and "step_hook (LookupError: SchedulerOutput lacks scheduled_new_reqs)" in said[0]
+    info = [s.labels for fam in REGISTRY.collect() if fam.name == "vllm_spark_info" for s in fam.samples
+            if s.labels.get("model_name") == MODEL and s.value == 1]
+    assert len(info) == 1 and info[0]["features_off"] == "step_hook"
+    assert logger.reader is None and not logger.hook_steps  # the batch comes from vLLM's running count
+    from vllm.v1.metrics.stats import IterationStats, SchedulerStats
+    it = IterationStats()
+    it.num_generation_tokens = 3
+    logger.record(SchedulerStats(num_running_reqs=2), it)
+    batches = REGISTRY.get_sample_value("vllm_spark_step_batch_size_count", {"model_name": MODEL, "engine": "0"})
+    assert batches == 1
+
+
+def test_the_engine_core_leaves_the_scheduler_unpatched(monkeypatch, caplog):
+    monkeypatch.setitem(capabilities.PROBES, "step_hook", missing("step_hook"))
+    monkeypatch.setattr(capabilities, "step_hook", missing("step_hook"))
+
+    class Scheduler:
+        def schedule(self):
+            return "out"
+
+        def update_from_output(self, so, mro):
+            return {}
+
+    module = types.SimpleNamespace(Scheduler=Scheduler)
+    monkeypatch.setitem(__import__("sys").modules, capabilities.SCHEDULER_MODULE, module)
+    errs = []
+    with caplog.at_level(logging.WARNING, logger="vllm_spark_plugin"):
+        hook.install(lambda where, exc: errs.append(where))
+    assert errs == [] and not getattr(Scheduler, "_vllm_spark_hooked", False)
+    assert Scheduler().schedule() == "out"
+    assert any("per-step hook off in this engine core" in r.getMessage() for r in caplog.records)
