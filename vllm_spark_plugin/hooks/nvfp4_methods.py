@@ -49,8 +49,10 @@ class SparkNvFp4Config(ModelOptNvFp4Config):
         if isinstance(layer, MoELayer) and not self.is_layer_excluded(prefix):
             cls = SparkModelOptNvFp4ReferenceMoE if reference else SparkModelOptNvFp4FusedMoE
             return cls(quant_config=self, moe_config=layer.moe_config)
+        if reference:  # 0.26-0.29 build the linear method from this attribute (and pick a kernel at once)
+            self.LinearMethodCls = SparkNvFp4ReferenceLinearMethod
         method = super().get_quant_method(layer, prefix)
-        if reference and isinstance(method, ModelOptLinearMethod):
+        if reference and isinstance(method, ModelOptLinearMethod):  # 0.30 on: vLLM's, replaced
             return SparkNvFp4ReferenceLinearMethod(self)
         return method
 

