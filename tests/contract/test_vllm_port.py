@@ -110,6 +110,9 @@ def test_the_hook_wraps_the_real_scheduler_and_sends_each_step(tmp_path, monkeyp
         def update_from_output(self, scheduler_output, model_runner_output):
             return {}
 
+        def get_num_unfinished_requests(self):
+            return len(self.running) + len(self.waiting)
+
     hook.patch_scheduler(Probe, lambda where, exc: errs.append((where, exc)))
     sched = Probe()
     for last in (False, True):
@@ -124,6 +127,7 @@ def test_the_hook_wraps_the_real_scheduler_and_sends_each_step(tmp_path, monkeyp
     assert errs == []
     assert [g[2:8] for g in got] == [(1, 100, 0, 0, 90, 101), (0, 0, 1, 1, 90, 101)]
     assert all(g[1] >= 0 for g in got)
+    assert callable(getattr(Scheduler, "get_num_unfinished_requests", None))  # what the hook asks when idle
 
 
 def test_nvfp4_config_registers_and_claims_modelopt_nvfp4():

@@ -55,6 +55,15 @@ def _composition(so) -> tuple[int, int, int, int]:
     return pre_reqs, pre_tokens, len(nst) - pre_reqs, total_tokens - pre_tokens
 
 
+def _busy(scheduler) -> bool:
+    """Requests are left to run: vLLM's own count covers every waiting queue of the release
+    (skipped_waiting before 0.31, kv_holding_waiting and deferred_waiting after)."""
+    count = getattr(scheduler, "get_num_unfinished_requests", None)
+    if count is not None:
+        return count() > 0
+    return bool(getattr(scheduler, "running", None)) or bool(getattr(scheduler, "waiting", None))
+
+
 def _sampled_tokens(so, mro) -> int:
     """Tokens the step produced, only where speculative decoding makes it differ from one per
     decoding stream (O(batch), so not counted otherwise); -1 when not counted."""
@@ -165,7 +174,7 @@ def patch_scheduler(Scheduler, on_error) -> None:
                     # else from its schedule() call (after idle time).
                     start = st.last_end if (st.busy and st.last_end) else t0
                     st.last_end = end
-                    st.busy = bool(getattr(self, "running", None)) or bool(getattr(self, "waiting", None))
+                    st.busy = _busy(self)
                     if st.writer is not None:
                         pr, pt, dr, dt = _composition(scheduler_output)
                         pool = self.kv_cache_manager.block_pool
