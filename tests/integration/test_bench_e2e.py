@@ -5,40 +5,15 @@ from __future__ import annotations
 import csv
 import json
 import re
-import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
 from PIL import Image
 
+from support.browser import screenshot
 from vllm_spark_plugin.testbed.fake_server import FakeConfig, FakeServer
 from vllm_spark_plugin.cli import main as vllm_spark
 
 MPL_BLUE = (31, 119, 180)  # matplotlib's first line colour; nothing else in the report uses it
-CHROMIUM_CANDIDATES = ("chromium-headless-shell", "/usr/lib/chromium/headless_shell",
-                       "/usr/lib/chromium/chromium-headless-shell", "chromium", "chromium-browser")
-
-
-def chromium() -> str:
-    for name in CHROMIUM_CANDIDATES:
-        path = shutil.which(name) or (name if Path(name).is_file() else None)
-        if path:
-            return path
-    raise AssertionError("headless Chromium not found: install the Debian package chromium-headless-shell "
-                         f"(looked for {', '.join(CHROMIUM_CANDIDATES)})")
-
-
-def screenshot(html: Path, png: Path, tmp: Path, height: int = 2400) -> Image.Image:
-    cmd = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-           "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars",
-           f"--user-data-dir={tmp / 'chromium-profile'}", f"--window-size=1200,{height}",
-           f"--screenshot={png}", html.resolve().as_uri()]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0 and png.exists(), proc.stderr[-2000:]
-    return Image.open(png).convert("RGB")
-
-
 def assert_plots_visible(img: Image.Image) -> None:
     """The plots are drawn: many colours in the plot area and matplotlib-blue data pixels."""
     w, h = img.size

@@ -8,7 +8,6 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import numpy as np
-import pytest
 from prometheus_client import CollectorRegistry
 
 from vllm_spark_plugin.metrics.stepstats import StepStats

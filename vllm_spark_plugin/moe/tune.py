@@ -127,7 +127,7 @@ def gpu_bench(shape: MoEShape, iters: int = 20) -> Callable[[dict, int], float]:
     """Seconds per fused-MoE call of vLLM's Triton kernel with a given config (CUDA events)."""
     import torch
 
-    from vllm_spark_plugin.vllm import kernels, platform
+    from vllm_spark_plugin.vllm import kernels
 
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(0)
