@@ -82,6 +82,11 @@ class EngineState:
         # capacity under both SLOs per floor (set by the refit) and the running count it is spared from
         self.slo_capacity: tuple = (None,) * len(self.floors)
         self.running_now: int | None = None
+        # gauges are set only when their value changes (a set takes a lock; most steps change nothing),
+        # except with several API servers, where the most recent write of any process is the value
+        self.kv_used_now: int | None = None
+        self.waiting_now: int | None = None
+        self.rewrite = "PROMETHEUS_MULTIPROC_DIR" in os.environ
 
     def record(self, d: DerivedStep) -> None:
         c = self.children
@@ -100,14 +105,16 @@ class EngineState:
                 c.step_decode.observe(d.decode_tokens)
             if self.knee is not None and d.batch:
                 self.knee.observe(d.batch, d.prefill_tokens or 0, d.step_seconds, d.tokens_per_stream)
-        if d.kv_used is not None:
+        if d.kv_used is not None and (d.kv_used != self.kv_used_now or self.rewrite):
+            self.kv_used_now = d.kv_used
             c.kv_used.set(d.kv_used)
-        if d.running is not None:
+        if d.running is not None and (d.running != self.running_now or self.rewrite):
             c.running.set(d.running)
             if d.running != self.running_now:
                 self.running_now = d.running
                 self.publish_spare()
-        if d.waiting is not None:
+        if d.waiting is not None and (d.waiting != self.waiting_now or self.rewrite):
+            self.waiting_now = d.waiting
             c.waiting.set(d.waiting)
         if d.generation_tokens:
             c.generation_tokens.inc(d.generation_tokens)
@@ -141,7 +148,8 @@ class EngineState:
             c.step_decode.observe(decode_tokens)
         if self.knee is not None and batch:
             self.knee.observe(batch, prefill_tokens, step_seconds, tokens_per_stream)
-        if kv_used is not None:
+        if kv_used is not None and (kv_used != self.kv_used_now or self.rewrite):
+            self.kv_used_now = kv_used
             c.kv_used.set(kv_used)
 
     def record_slo(self, finished) -> None:
