@@ -49,7 +49,7 @@ class KvWatcher(threading.Thread):
                         self.max_used = max(self.max_used, float(m.group(1)))
             except OSError:
                 pass
-            time.sleep(0.1)
+            time.sleep(0.5)  # each scrape renders the whole registry in the API server: not 10 a second
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +132,7 @@ def test_generation_tokens_equal_usage(load_runs):
 
 def test_kv_blocks(load_runs, vllm_server):
     r = load_runs[16]
-    # any run's watcher will do: a poll every 0.1 s can miss a short wave on a starved 2-core box
+    # any run's watcher will do: a poll every 0.5 s can miss a short wave on a starved 2-core box
     assert max(run["kv_max"] for run in load_runs.values()) > 0, "no KV block in use seen under load"
     assert value(r["after"], P + "kv_blocks_used") == 0, "KV blocks still in use when idle"
     total = value(r["after"], P + "kv_blocks_total")

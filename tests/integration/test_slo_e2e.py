@@ -2,12 +2,12 @@
 an independent streaming client judges the same requests by the same definition.
 
 The session server (tests/conftest.py) runs with SPARK_PLUGIN_TTFT_SLO_SECONDS=1 and
-SPARK_PLUGIN_FLOORS=20,60.  At 2 concurrent streams the tiny model decodes at about 200 tok/s per
-stream (meets 60 with a wide margin); at 64 it is far past its capacity at 60 tok/s (about 50 tok/s
-per stream at 32 already), so those requests miss.  Both SLO values sit far from what each phase observes, so the two sides must
-agree on nearly every request even though they read different clocks (the client times chunks as
-they arrive; the server takes TTFT = end-to-end latency - decode window, and the decode window from
-engine-core timestamps).
+SPARK_PLUGIN_FLOORS=20,100000.  The light phase (2 streams, about 200 tok/s each, TTFT tens of ms) is
+judged at the 20 tok/s floor: it meets it with a wide margin.  The loaded phase (16 streams) is judged
+at a floor no stream reaches (100,000 tok/s): every request misses it, whatever the speed of the box.
+Both SLO values sit far from what each phase observes, so the two sides must agree on every request
+even though they read different clocks (the client times chunks as they arrive; the server takes
+TTFT = end-to-end latency - decode window, and the decode window from engine-core timestamps).
 """
 from __future__ import annotations
 
@@ -23,13 +23,13 @@ from vllm_spark_plugin.definitions import SLO_MET, SLO_OUTCOMES, slo_outcome
 pytestmark = pytest.mark.server
 
 P = "vllm_spark_"
-TTFT_SLO, FLOOR = 1.0, 60.0      # must match the vllm_server fixture's environment
+TTFT_SLO = 1.0                   # must match the vllm_server fixture's environment
 MAX_TOKENS = 64
-PHASES = ((2, 6), (64, 1))       # (concurrency, waves)
+PHASES = ((2, 6, 20.0), (16, 2, 100000.0))  # (concurrency, waves, the floor the phase is judged at)
 
 
-def _server_counts(after: dict, before: dict, name: str) -> dict[str, float]:
-    floor = f"{FLOOR:g}"
+def _server_counts(after: dict, before: dict, name: str, floor: float) -> dict[str, float]:
+    floor = f"{floor:g}"
     return {o: value(after, P + name, floor=floor, outcome=o) - value(before, P + name, floor=floor, outcome=o)
             for o in SLO_OUTCOMES}
 
@@ -38,20 +38,20 @@ def _server_counts(after: dict, before: dict, name: str) -> dict[str, float]:
 def slo_run(vllm_server):
     """Both phases, one after the other; per phase: the client's streams and the counter deltas."""
     out = []
-    for c, waves in PHASES:
+    for c, waves, floor in PHASES:
         before = wait_idle(vllm_server.metrics_url)
         streams = []
         for w in range(waves):
             streams += run_streams(vllm_server.base_url, vllm_server.model, c, max_tokens=MAX_TOKENS,
                                    prompt_prefix=f"slo-c{c}w{w}")
         after = wait_idle(vllm_server.metrics_url)
-        out.append(dict(concurrency=c, streams=streams, before=before, after=after))
+        out.append(dict(concurrency=c, floor=floor, streams=streams, before=before, after=after))
     return out
 
 
-def _client(streams) -> tuple[collections.Counter, int]:
+def _client(streams, floor: float) -> tuple[collections.Counter, int]:
     """The client's classification (same definition) and the met requests' completion tokens."""
-    judged = [slo_outcome(s.ttft, s.decode_rate, TTFT_SLO, FLOOR) for s in streams]
+    judged = [slo_outcome(s.ttft, s.decode_rate, TTFT_SLO, floor) for s in streams]
     return collections.Counter(judged), sum(s.output_tokens for s, o in zip(streams, judged) if o == SLO_MET)
 
 
@@ -59,8 +59,8 @@ def test_server_outcomes_agree_with_the_client_on_at_least_95_percent(slo_run):
     total = agree = 0
     report, unjudged = [], []
     for run in slo_run:
-        server = _server_counts(run["after"], run["before"], "slo_requests_total")
-        client, _ = _client(run["streams"])
+        server = _server_counts(run["after"], run["before"], "slo_requests_total", run["floor"])
+        client, _ = _client(run["streams"], run["floor"])
         n = len(run["streams"])
         report.append(f"c={run['concurrency']}: {n} requests, server {server}, client {dict(client)}")
         if sum(server.values()) != n:
@@ -77,17 +77,17 @@ def test_the_phases_meet_and_miss_as_set_up(slo_run):
     """Both classes occur: most of the light phase meets the SLO (a box shared with other servers
     can slow a few of its streams below the floor), next to nothing of the overloaded phase does."""
     low, high = slo_run
-    server_low = _server_counts(low["after"], low["before"], "slo_requests_total")
-    server_high = _server_counts(high["after"], high["before"], "slo_requests_total")
+    server_low = _server_counts(low["after"], low["before"], "slo_requests_total", low["floor"])
+    server_high = _server_counts(high["after"], high["before"], "slo_requests_total", high["floor"])
     assert server_low[SLO_MET] >= 0.5 * len(low["streams"]), server_low
-    assert server_high[SLO_MET] <= 0.05 * len(high["streams"]), server_high
+    assert server_high[SLO_MET] == 0, server_high
 
 
 def test_goodput_tokens_are_the_met_requests_completion_tokens(slo_run):
     for run in slo_run:
-        requests = _server_counts(run["after"], run["before"], "slo_requests_total")
-        tokens = _server_counts(run["after"], run["before"], "slo_output_tokens_total")
-        _, client_met_tokens = _client(run["streams"])
+        requests = _server_counts(run["after"], run["before"], "slo_requests_total", run["floor"])
+        tokens = _server_counts(run["after"], run["before"], "slo_output_tokens_total", run["floor"])
+        _, client_met_tokens = _client(run["streams"], run["floor"])
         # every request ran to MAX_TOKENS (ignore_eos): the server's met tokens are exactly its met
         # requests' completion tokens, and all outcomes together are every completion token
         assert all(s.output_tokens == MAX_TOKENS for s in run["streams"])

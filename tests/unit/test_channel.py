@@ -131,6 +131,7 @@ def test_errors_of_a_process_without_exporter_reach_the_api_servers_counter(run_
     spilled = channel.read_spilled()
     assert list(spilled.values()) == [{"scheduler_hook": 3}]
     counter = Counter("plugin_errors", "test", ("where",), registry=CollectorRegistry())
-    assert errors.absorb(spilled, counter) == 3
-    assert errors.absorb(channel.read_spilled(), counter) == 0  # already counted
+    seen: dict = {}
+    assert errors.absorb(spilled, seen, counter) == 3
+    assert errors.absorb(channel.read_spilled(), seen, counter) == 0  # already counted
     assert counter.labels(where="scheduler_hook")._value.get() == 3

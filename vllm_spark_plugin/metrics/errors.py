@@ -16,7 +16,6 @@ _seen: set[tuple[str, str]] = set()
 _lock = threading.Lock()
 _counter = None  # prometheus Counter, set by instruments once created
 _pending: dict[str, int] = {}  # errors seen before the counter existed (or in a process without one)
-_absorbed: dict[tuple[int, str], int] = {}  # other processes' counts already added
 _spill = None  # fn(counts) that publishes _pending for the API server; None: nowhere to send them
 _spill_timer: threading.Timer | None = None
 SPILL_DELAY_SECONDS = 1.0  # a failure on every engine step rewrites the file at most this often
@@ -84,17 +83,18 @@ def report(where: str, exc: BaseException | str) -> None:
         pass
 
 
-def absorb(spilled: dict[int, dict[str, int]], counter=None) -> int:
-    """Add other processes' new errors (cumulative counts by pid) to this process's counter."""
+def absorb(spilled: dict[int, dict[str, int]], seen: dict, counter=None) -> int:
+    """Add other processes' new errors (cumulative counts by pid) to this process's counter; `seen`
+    keeps, per (pid, where), what was added before (one per reader of the spilled counts)."""
     added = 0
     counter = counter if counter is not None else _counter
     if counter is None:
         return added
     for pid, counts in spilled.items():
         for where, total in counts.items():
-            seen = _absorbed.get((pid, where), 0)
-            if total > seen:
-                counter.labels(where=where).inc(total - seen)
-                _absorbed[(pid, where)] = total
-                added += total - seen
+            before = seen.get((pid, where), 0)
+            if total > before:
+                counter.labels(where=where).inc(total - before)
+                seen[(pid, where)] = total
+                added += total - before
     return added

@@ -196,6 +196,7 @@ class Exporter:
         self.total_blocks: int | None = None
         self._profile_mtime: float | None = None
         self._read_spilled = None
+        self._absorbed: dict = {}  # (pid, where) -> other processes' errors already counted
 
     # -- engines ----------------------------------------------------------------------------------
     def new_estimator(self):
@@ -294,7 +295,7 @@ class Exporter:
                 errors.report("profile", exc)
             if self._read_spilled is not None and self._is_hw_leader():
                 try:
-                    errors.absorb(self._read_spilled())
+                    errors.absorb(self._read_spilled(), self._absorbed)
                 except Exception as exc:
                     errors.report("absorb_errors", exc)
             now = time.monotonic()
