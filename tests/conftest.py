@@ -88,7 +88,9 @@ def vllm_server(tiny_model_path, artifacts_dir, otlp_receiver):
 def second_vllm_server(tiny_model_path, artifacts_dir):
     """A second plugin server on another loopback port (fleet tests).  Its engine core carries
     injected faults (tests/support/faults): a failing start-up step and one failing hook record in
-    50, so the errors of a process without an exporter are seen on the API server's /metrics."""
+    50, so the errors of a process without an exporter are seen on the API server's /metrics.
+    A second server alive while test_exporter_e2e.py times streams on two cores makes them bursty:
+    the tests that use it (test_fleet_live.py, test_injected_faults.py) come after it in file order."""
     faults = Path(__file__).resolve().parent / "support" / "faults"
     path = os.pathsep.join(p for p in (str(faults), os.environ.get("PYTHONPATH", "")) if p)
     server = _start(tiny_model_path, artifacts_dir, "vllm-server-second",
