@@ -15,7 +15,6 @@ from vllm_spark_plugin.hooks import scheduler as hook
 from vllm_spark_plugin.hooks.stats import unpack
 from vllm_spark_plugin.vllm import capabilities, platform
 
-vllm = pytest.importorskip("vllm", reason="the contract tier runs where vLLM is installed (scripts/setup.sh)")
 
 
 @pytest.mark.parametrize("name", list(capabilities.PROBES))
