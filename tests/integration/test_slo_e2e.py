@@ -1,12 +1,13 @@
 """Latency SLO end to end: a real CPU `vllm serve` with the plugin judges every finished request, and
 an independent streaming client judges the same requests by the same definition.
 
-The session server (tests/conftest.py) runs with SPARK_PLUGIN_TTFT_SLO_SECONDS=1 and
+The session server (tests/conftest.py) runs with SPARK_PLUGIN_TTFT_SLO_SECONDS=30 and
 SPARK_PLUGIN_FLOORS=20,100000.  The light phase (2 streams, about 200 tok/s each, TTFT tens of ms) is
 judged at the 20 tok/s floor: it meets it with a wide margin.  The loaded phase (16 streams) is judged
 at a floor no stream reaches (100,000 tok/s): every request misses it, whatever the speed of the box.
-Both SLO values sit far from what each phase observes, so the two sides must agree on every request
-even though they read different clocks (the client times chunks as they arrive; the server takes
+Both SLO values sit far from what each phase observes (a 1 s TTFT SLO did not: under 16 streams on
+two cores the client saw half the first tokens after 1 s where the server's clock had them before),
+so the two sides must agree on every request even though they read different clocks (the client times chunks as they arrive; the server takes
 TTFT = end-to-end latency - decode window, and the decode window from engine-core timestamps).
 """
 from __future__ import annotations
@@ -23,7 +24,7 @@ from vllm_spark_plugin.definitions import SLO_MET, SLO_OUTCOMES, slo_outcome
 pytestmark = pytest.mark.server
 
 P = "vllm_spark_"
-TTFT_SLO = 1.0                   # must match the vllm_server fixture's environment
+TTFT_SLO = 30.0                  # must match the vllm_server fixture's environment
 MAX_TOKENS = 64
 PHASES = ((2, 6, 20.0), (16, 2, 100000.0))  # (concurrency, waves, the floor the phase is judged at)
 
