@@ -1,9 +1,11 @@
 """`vllm-spark doctor`: check the environment for serving on a DGX Spark and print concrete fixes.
 
-    vllm-spark doctor [--json] [--model PATH] [-- <the vllm serve arguments you plan to use>]
+    vllm-spark doctor [--json] [--model PATH] [--sm X.Y] [-- <the vllm serve arguments you plan to use>]
 
 Checks: vLLM version, plugin entry point, device and compute capability, which FP4 MoE backends
-import, environment variables vLLM no longer reads, the SPARK_PLUGIN_MOE_BACKEND setting,
+import, whether the FP4 kernels compiled into vLLM carry code for the device's SM (doctor_kernels.py;
+`--sm 12.1` checks for another device), environment variables vLLM no longer reads, the
+SPARK_PLUGIN_MOE_BACKEND setting,
 gpu_memory_utilization against MemAvailable (unified memory), eager mode, the tuned-config folder;
 and (doctor_memory.py) vLLM's start-up memory check, reclaimable headroom, NVRM driver events, VLLM_*
 variables the installed vLLM does not know, CUDA-graph capture sizes against --max-num-seqs.
@@ -134,8 +136,10 @@ class Probe:
 FEATURE_TEXT = {
     "step_hook": "per-step batch, composition, step duration, KV blocks, live knee",
     "stat_logger": "TTFT, per-stream rate, tokens, running/waiting, KV usage on /metrics",
+    "delivery_clock": "per-stream rate and the SLO timed where tokens leave vLLM for the client",
     "nvfp4_config": "the spark_nvfp4 quantization config (ModelOpt NVFP4 checkpoints)",
     "moe_policy": "the GB10 NVFP4 MoE backend policy",
+    "startup_snapshot": "the unified-memory snapshot in the log before vLLM's start-up memory check, every model",
 }
 
 
@@ -215,6 +219,12 @@ def run_checks(env: Mapping[str, str] | None = None, serve: ServeArgs | None = N
         checks.append(Check("fp4_backends", FAIL if cap and cap[0] == 12 else WARN, lines or "none import",
                             "install the CUDA build of vLLM for this GPU (Marlin ships with it); "
                             "pip install flashinfer-python / b12x for the others"))
+
+    from vllm_spark_plugin import doctor_kernels  # the FP4 kernels' CUDA payload against the device's SM
+    try:
+        checks.append(doctor_kernels.check(probe, cuda))
+    except Exception as exc:  # a broken check must not hide the others
+        checks.append(Check(doctor_kernels.NAME, WARN, f"check could not run: {type(exc).__name__}: {exc}"))
 
     stale = [n for n in STALE_ENV if n in env]
     if stale:
@@ -308,6 +318,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--gpu-memory-utilization", type=float, dest="gpu_memory_utilization",
                         help="the value you plan to serve with (default: read from the serve arguments, "
                              "else vLLM's default 0.9 on CUDA)")
+    parser.add_argument("--sm", help="the compute capability to check vLLM's FP4 kernels against instead of this "
+                                     "machine's device (e.g. 12.1 for a GB10: check a build before deploying it)")
     parser.add_argument("serve_args", nargs="*", metavar="-- VLLM_SERVE_ARGS",
                         help="after --: the vllm serve arguments you plan to use (e.g. -- serve MODEL "
                              "--gpu-memory-utilization 0.7 --enforce-eager)")
@@ -323,7 +335,15 @@ def run(args) -> int:
         serve.model = args.model
     if args.gpu_memory_utilization is not None:
         serve.gpu_memory_utilization = args.gpu_memory_utilization
-    checks = run_checks(serve=serve)
+    probe = None
+    if getattr(args, "sm", None):
+        from vllm_spark_plugin import doctor_kernels
+        try:
+            probe = Probe(extra={"sm": doctor_kernels.parse_sm(args.sm)})
+        except ValueError as exc:
+            print(f"vllm-spark doctor: error: {exc}", file=sys.stderr)
+            return 2
+    checks = run_checks(serve=serve, probe=probe)
     failed = any(c.status == FAIL for c in checks)
     if args.json:
         print(json.dumps({"ok": not failed, "checks": [asdict(c) for c in checks]}, indent=2))

@@ -42,6 +42,9 @@ class Settings:
     memory_guard: bool = True
     # the kernel log followed for NVRM driver events: a /dev/kmsg-format path, or off
     kernel_log: str = "/dev/kmsg"
+    # per-stream rates and the SLO timed where the API server hands tokens to the client (off: the
+    # engine core's clock, as vLLM's own decode time)
+    delivery_clock: bool = True
     extra: dict = field(default_factory=dict)
 
 
@@ -78,7 +81,7 @@ _KINDS = {"disable": bool, "scheduler_hook": bool, "floors": "floats", "ttft_slo
           "knee_window": int, "knee_halflife_seconds": float, "knee_refit_seconds": float,
           "profile": str, "hardware_interval_seconds": float, "otel_endpoint": str,
           "otel_interval_seconds": float, "moe_backend": str, "memory_guard": bool,
-          "kernel_log": str}
+          "kernel_log": str, "delivery_clock": bool}
 
 
 def _read_file(path: str) -> dict:

@@ -10,11 +10,10 @@ import math
 import types
 
 import pytest
-from prometheus_client import REGISTRY
 from vllm.v1.engine import FinishReason
 from vllm.v1.metrics.stats import FinishedRequestStats, IterationStats, SchedulerStats
 
-from vllm_spark_plugin.metrics import exporter as exporter_mod
+from support.registry import fresh  # noqa: F401  (fixture)
 from vllm_spark_plugin.hooks.stat_logger import SparkStatLogger
 
 
@@ -23,20 +22,8 @@ def cfg(blocks=101, name="fault-model"):
                                  model_config=types.SimpleNamespace(served_model_name=name))
 
 
-def errors_total() -> float:
-    total = 0.0
-    for fam in REGISTRY.collect():
-        if fam.name == "vllm_spark_plugin_errors":
-            total += sum(s.value for s in fam.samples if s.name.endswith("_total"))
-    return total
-
-
-def sample(name, **labels):
-    return REGISTRY.get_sample_value(name, labels) or 0.0
-
-
-@pytest.fixture(scope="module")
-def logger():
+@pytest.fixture
+def logger(fresh):
     return SparkStatLogger(cfg(), engine_index=0)
 
 
@@ -56,26 +43,23 @@ BROKEN = [
 
 
 @pytest.mark.parametrize("what,sched,it", BROKEN, ids=[b[0] for b in BROKEN])
-def test_broken_scheduler_stats_are_contained_and_counted(logger, what, sched, it):
-    before = errors_total()
-    gen_before = sample("vllm_spark_generation_tokens_total", model_name="fault-model", engine="0")
+def test_broken_scheduler_stats_are_contained_and_counted(fresh, logger, what, sched, it):
     logger.record(sched, it)  # must not raise
-    assert errors_total() > before, what
+    assert fresh.errors_total() > 0, what
     good_step(logger)  # serving continues: the next good step is recorded
-    assert sample("vllm_spark_generation_tokens_total", model_name="fault-model", engine="0") == gen_before + 5
+    assert fresh.sample("vllm_spark_generation_tokens_total", model_name="fault-model", engine="0") == 5
 
 
-def test_broken_hook_records_are_contained_and_counted(logger):
+def test_broken_hook_records_are_contained_and_counted(fresh, logger):
     """A scheduler-hook record with impossible values (a step of negative length, a negative batch)."""
-    before = errors_total()
     logger._on_step((0, -5, -1, 0, 2, 2, -1, 0, -1))
-    assert errors_total() > before
-    steps = sample("vllm_spark_step_duration_seconds_count", model_name="fault-model", engine="0")
+    assert fresh.errors_total() == 1
+    assert fresh.sample("vllm_spark_step_duration_seconds_count", model_name="fault-model", engine="0") == 0
     logger._on_step((0, 20_000, 0, 0, 2, 2, 50, 101, -1))  # the next good record is recorded
-    assert sample("vllm_spark_step_duration_seconds_count", model_name="fault-model", engine="0") == steps + 1
+    assert fresh.sample("vllm_spark_step_duration_seconds_count", model_name="fault-model", engine="0") == 1
 
 
-def test_broken_request_stats(logger):
+def test_broken_request_stats(fresh, logger):
     i = IterationStats()
     i.time_to_first_tokens_iter = [math.nan, -1.0, None, 0.2]
     i.num_generation_tokens = -7
@@ -85,13 +69,11 @@ def test_broken_request_stats(logger):
         FinishedRequestStats(finish_reason=FinishReason.LENGTH, num_generation_tokens=10, decode_time=math.inf),
         FinishedRequestStats(finish_reason=FinishReason.LENGTH, num_generation_tokens=10, decode_time=-2.0),
     ]
-    before_err = errors_total()
-    before_ttft = sample("vllm_spark_ttft_seconds_count", model_name="fault-model", engine="0")
-    before_rate = sample("vllm_spark_stream_decode_tokens_per_second_count", model_name="fault-model", engine="0")
     logger.record(None, i)
-    assert errors_total() - before_err == 7  # 3 bad TTFTs, bad token count, 3 bad finished requests
-    assert sample("vllm_spark_ttft_seconds_count", model_name="fault-model", engine="0") == before_ttft + 1
-    assert sample("vllm_spark_stream_decode_tokens_per_second_count", model_name="fault-model", engine="0") == before_rate
+    assert fresh.errors_total() == 7  # 3 bad TTFTs, bad token count, 3 bad finished requests
+    assert fresh.sample("vllm_spark_ttft_seconds_count", model_name="fault-model", engine="0") == 1
+    for name in ("stream_decode_tokens_per_second_count", "engine_stream_decode_tokens_per_second_count"):
+        assert fresh.sample("vllm_spark_" + name, model_name="fault-model", engine="0") == 0
 
 
 class NvmlError(Exception):
@@ -124,23 +106,22 @@ class ReadingsThrowNvml(OneGpu, ThrowingNvml):
     """One GPU, then every reading raises."""
 
 
-def test_nvml_that_throws_on_every_call():
-    exp = exporter_mod.Exporter("fault-model")
-    before = errors_total()
+def test_nvml_that_throws_on_every_call(fresh):
+    exp = fresh.exporter("fault-model")
     for _ in range(3):
         exp._hw = None
         exp.sample_hardware(nvml=ThrowingNvml())  # must not raise
-    assert errors_total() > before
+    assert fresh.errors_total() > 0
     # memory still comes from /proc even when NVML is broken
-    assert sample("vllm_spark_unified_memory_bytes", kind="total") > 0
+    assert fresh.sample("vllm_spark_unified_memory_bytes", kind="total") > 0
 
 
-def test_nvml_whose_readings_throw_keeps_sampling():
-    exp = exporter_mod.Exporter("fault-model")
+def test_nvml_whose_readings_throw_keeps_sampling(fresh):
+    exp = fresh.exporter("fault-model")
     exp.sample_hardware(nvml=ReadingsThrowNvml())
-    before = errors_total()
+    before = fresh.errors_total()
     exp.sample_hardware(nvml=ReadingsThrowNvml())  # same sampler, second round
-    assert errors_total() > before
+    assert fresh.errors_total() > before
 
 
 class NotSupported(Exception):
@@ -182,8 +163,9 @@ class Gb10Nvml(OneGpu):
         raise NotSupported()
 
 
-def test_gb10_like_nvml_energy_deltas_and_gauges():
-    exp = exporter_mod.Exporter("gb10")
+def test_gb10_like_nvml_energy_deltas_and_gauges(fresh):
+    exp = fresh.exporter("gb10")
+    sample = fresh.sample
     fake = Gb10Nvml()
     exp._hw = None
     e0 = sample("vllm_spark_gpu_energy_joules_total", gpu="0")
@@ -198,7 +180,7 @@ def test_gb10_like_nvml_energy_deltas_and_gauges():
     assert sample("vllm_spark_gpu_clock_event_active", gpu="0", reason="hw_thermal_slowdown") == 0
 
 
-def test_no_driver_is_not_an_error():
+def test_no_driver_is_not_an_error(fresh):
     class LibraryNotFound(Exception):
         pass
     LibraryNotFound.__name__ = "NVMLError_LibraryNotFound"
@@ -207,7 +189,6 @@ def test_no_driver_is_not_an_error():
         def nvmlInit(self):
             raise LibraryNotFound()
 
-    exp = exporter_mod.Exporter("no-gpu")
-    before = errors_total()
+    exp = fresh.exporter("no-gpu")
     exp.sample_hardware(nvml=NoDriver())
-    assert errors_total() == before
+    assert fresh.errors_total() == 0

@@ -3,24 +3,16 @@ from __future__ import annotations
 
 import types
 
-from prometheus_client import REGISTRY
-
+from support.registry import fresh  # noqa: F401  (fixture)
 from vllm_spark_plugin.hooks.stat_logger import SparkStatLogger
 
 MODEL = "first-scrape-model"
 
 
-def verdicts() -> dict:
-    out = {}
-    for fam in REGISTRY.collect():
-        if fam.name == "vllm_spark_knee_verdict":
-            for s in fam.samples:
-                if s.labels.get("model_name") == MODEL:
-                    out[s.labels["verdict"]] = s.value
-    return out
+def test_too_few_points_before_the_first_fit_then_the_refit_verdict(fresh):
+    def verdicts() -> dict:
+        return {lab["verdict"]: v for lab, v in fresh.values("vllm_spark_knee_verdict", model_name=MODEL)}
 
-
-def test_too_few_points_before_the_first_fit_then_the_refit_verdict():
     cfg = types.SimpleNamespace(cache_config=types.SimpleNamespace(num_gpu_blocks=101),
                                 model_config=types.SimpleNamespace(served_model_name=MODEL))
     logger = SparkStatLogger(cfg, engine_index=0)
@@ -36,5 +28,5 @@ def test_too_few_points_before_the_first_fit_then_the_refit_verdict():
     v = verdicts()
     assert sum(v.values()) == 1 and v["too few points"] == 0, v
     assert v["ok"] == 1, v
-    knee = REGISTRY.get_sample_value("vllm_spark_knee_batch_size", {"model_name": MODEL, "engine": "0"})
+    knee = fresh.sample("vllm_spark_knee_batch_size", model_name=MODEL, engine="0")
     assert abs(knee - 20.0) < 1.0  # alpha / beta = 20 ms / 1 ms

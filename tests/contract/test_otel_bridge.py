@@ -39,7 +39,7 @@ def test_bridge_exports_the_same_instruments():
     prom = REGISTRY.get_sample_value("vllm_spark_generation_tokens_total", {"model_name": "otel-model", "engine": "0"})
     assert pts[(("engine", "0"), ("model_name", "otel-model"))] == prom >= 21
 
-    rate = m["vllm_spark_stream_decode_tokens_per_second"]
+    rate = m["vllm_spark_engine_stream_decode_tokens_per_second"]  # the engine clock: no streams here
     dp = [p for p in rate.histogram.data_points
           if {a.key: a.value.string_value for a in p.attributes}.get("model_name") == "otel-model"][0]
     assert dp.count == 3 and sum(dp.bucket_counts) == dp.count

@@ -6,8 +6,8 @@ from __future__ import annotations
 import logging
 import types
 
-from prometheus_client import REGISTRY
 
+from support.registry import fresh  # noqa: F401  (fixture)
 from vllm_spark_plugin.hooks import scheduler as hook
 from vllm_spark_plugin.hooks import stat_logger as sl
 from vllm_spark_plugin.vllm import capabilities
@@ -19,7 +19,7 @@ def missing(name):
     return lambda: capabilities.Capability(name, False, "LookupError: SchedulerOutput lacks scheduled_new_reqs")
 
 
-def test_a_missing_piece_turns_one_feature_off_plainly(monkeypatch, caplog):
+def test_a_missing_piece_turns_one_feature_off_plainly(fresh, monkeypatch, caplog):
     monkeypatch.setitem(capabilities.PROBES, "step_hook", missing("step_hook"))
     monkeypatch.setattr(sl, "_announced", False)
     cfg = types.SimpleNamespace(cache_config=types.SimpleNamespace(num_gpu_blocks=101),
@@ -30,15 +30,14 @@ def test_a_missing_piece_turns_one_feature_off_plainly(monkeypatch, caplog):
     logger.exporter.stop_background()
     said = [r.getMessage() for r in caplog.records if "off:" in r.getMessage()]
     assert len(said) == 1 and "step_hook (LookupError: SchedulerOutput lacks scheduled_new_reqs)" in said[0]
-    info = [s.labels for fam in REGISTRY.collect() if fam.name == "vllm_spark_info" for s in fam.samples
-            if s.labels.get("model_name") == MODEL and s.value == 1]
+    info = [lab for lab, v in fresh.values("vllm_spark_info", model_name=MODEL) if v == 1]
     assert len(info) == 1 and info[0]["features_off"] == "step_hook"
     assert logger.reader is None and not logger.hook_steps  # the batch comes from vLLM's running count
     from vllm.v1.metrics.stats import IterationStats, SchedulerStats
     it = IterationStats()
     it.num_generation_tokens = 3
     logger.record(SchedulerStats(num_running_reqs=2), it)
-    batches = REGISTRY.get_sample_value("vllm_spark_step_batch_size_count", {"model_name": MODEL, "engine": "0"})
+    batches = fresh.sample("vllm_spark_step_batch_size_count", model_name=MODEL, engine="0")
     assert batches == 1
 
 

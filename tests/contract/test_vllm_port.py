@@ -168,3 +168,41 @@ def test_moe_backend_names_map_through_vllms_oracle():
             unknown.append(name)
     assert "marlin" not in unknown and "flashinfer_cutlass" not in unknown
     assert set(unknown) <= {"b12x"}, unknown  # the policy asks vLLM's availability, which says why
+
+
+def test_the_startup_snapshot_wraps_the_real_executor_before_its_workers(monkeypatch):
+    """The hook's target (Executor.__init__(vllm_config), which builds the workers through
+    _init_executor, where vLLM's own free-memory check runs) on this release's real class."""
+    import inspect
+
+    from vllm.config import CacheConfig
+    from vllm.v1.executor.abstract import Executor
+
+    from vllm_spark_plugin.hooks import startup
+    assert list(inspect.signature(Executor.__init__).parameters)[:2] == ["self", "vllm_config"]
+    assert "gpu_memory_utilization" in {f.name for f in dataclasses.fields(CacheConfig)}
+    monkeypatch.setattr(Executor, "__init__", Executor.__init__)  # restored after the test
+    monkeypatch.setattr(Executor, startup._HOOK_ATTR, False, raising=False)
+    order = []
+
+    class Probe(Executor):
+        def _init_executor(self):
+            order.append("workers")
+
+        def check_health(self):
+            pass
+
+        def collective_rpc(self, *args, **kwargs):
+            pass
+
+    Probe.__abstractmethods__ = frozenset()  # whatever else a release declares abstract is not called here
+    errors = []
+    startup.patch_executor(Executor, lambda where, exc: errors.append((where, exc)))
+    monkeypatch.setattr(startup, "log_snapshot", lambda cfg: order.append("snapshot"))
+
+    class AnyConfig:  # Executor.__init__ only copies sub-configs before building the workers
+        def __getattr__(self, name):
+            return None
+
+    Probe(AnyConfig())
+    assert order[:2] == ["snapshot", "workers"] and errors == []

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import re
-import statistics
 import threading
 import time
 import urllib.request
@@ -10,8 +9,7 @@ import urllib.request
 import pytest
 
 from support.load import run_streams, run_streams_with_arrivals
-from vllm_spark_plugin.bench.client import is_bunched
-from support.scrape import buckets, delta_buckets, histogram_quantile, scrape, value
+from support.scrape import buckets, delta_buckets, scrape, value
 
 pytestmark = pytest.mark.server
 
@@ -100,30 +98,6 @@ def test_ttft_and_stream_rate_counts(load_runs, c):
     assert rate == finished
 
 
-@pytest.mark.parametrize("c", [1, 4, 16])
-def test_server_median_stream_rate_matches_client(load_runs, c):
-    """The exporter's median per-stream rate and the client's, over the same streams, within 15%.
-
-    Measured once, never again on a disagreement.  The two sides compute each rate with the same
-    function (`definitions.stream_decode_rate`; equal by construction on equal timestamps:
-    tests/contract/test_peer_definitions.py); they differ only in where the timestamps are taken
-    (the API server's output processing, the client's reads).  Streams the 2-core test bed delivered
-    in a few bursts carry no timing (the benchmark's rule) and are left out of the client's median.
-    A failure here is a real disagreement of the two clocks, reported with both sides' figures."""
-    r = load_runs[c]
-    d = delta_buckets(buckets(r["after"], P + "stream_decode_tokens_per_second"),
-                      buckets(r["before"], P + "stream_decode_tokens_per_second"))
-    server_median = histogram_quantile(0.5, d)
-    timed = [s for s, a in zip(r["streams"], r["arrivals"]) if not is_bunched(s.output_tokens, a)]
-    assert timed, "every stream arrived in bursts"
-    client_median = statistics.median(s.decode_rate for s in timed)
-    assert server_median is not None
-    assert abs(server_median - client_median) / client_median <= 0.15, (
-        f"concurrency {c}: server median {server_median:.1f} tok/s, client median {client_median:.1f} tok/s "
-        f"({len(timed)} of {len(r['streams'])} streams timed), "
-        f"client rates {sorted(round(s.decode_rate) for s in r['streams'])}")
-
-
 def test_generation_tokens_equal_usage(load_runs):
     for c, r in load_runs.items():
         gen = value(r["after"], P + "generation_tokens_total") - value(r["before"], P + "generation_tokens_total")
@@ -180,7 +154,8 @@ def test_info_and_no_errors(load_runs):
 
 
 def test_aborted_requests_do_not_break_serving(vllm_server):
-    """Clients that hang up before their first token make zero-token requests: serving goes on."""
+    """Clients that hang up before their first token make zero-token requests: serving goes on, and
+    each hang-up reaches vLLM as an abort through the plugin's delivery wrapper (hooks/delivery.py)."""
     import asyncio
 
     import aiohttp
@@ -188,10 +163,19 @@ def test_aborted_requests_do_not_break_serving(vllm_server):
     async def abort_some():
         async with aiohttp.ClientSession() as session:
             for i in range(4):
-                body = {"model": vllm_server.model, "prompt": f"abort {i}", "max_tokens": 64, "stream": True}
+                # long enough that none can finish before its abort lands
+                body = {"model": vllm_server.model, "prompt": f"abort {i}", "max_tokens": 1900, "stream": True,
+                        "ignore_eos": True}
                 async with session.post(vllm_server.base_url + "/v1/completions", json=body) as resp:
                     assert resp.status == 200  # hang up without reading
+    before = _wait_idle(vllm_server)
     asyncio.run(abort_some())
+    time.sleep(2.0)  # past the step that would show them running, had the aborts not reached the engine
+    aborted = _wait_idle(vllm_server)
+    gen = P + "generation_tokens_total"
+    # vLLM counts no finished request for an abort; what shows it reached the engine is that the four
+    # stopped far short of the 4 x 1,900 tokens they asked for
+    assert value(aborted, gen) - value(before, gen) < 1900
     streams = run_streams(vllm_server.base_url, vllm_server.model, 2, max_tokens=16, prompt_prefix="after-abort")
     assert all(s.output_tokens == 16 for s in streams)
     s = _wait_idle(vllm_server)

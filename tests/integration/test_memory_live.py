@@ -3,10 +3,12 @@
 That server's kernel-log source is set to a path that does not exist (SPARK_PLUGIN_KERNEL_LOG), as a
 container without /dev/kmsg would have it: the source gauge must say so, the server log must carry
 exactly one line about it, and nothing else may go wrong.  The other sources are this machine's own
-/proc/meminfo and /proc/pressure/memory, compared with what /metrics shows.
+/proc/meminfo and /proc/pressure/memory, compared with what /metrics shows.  The engine core's
+start-up snapshot (hooks/startup.py) must be in the log exactly once, before the worker starts.
 """
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -76,3 +78,21 @@ def test_nvml_memory_source_is_reported_absent_on_the_cpu(samples):
     _, s = samples
     assert value(s, "vllm_spark_memory_source_available", source="nvml_memory") == 0
     assert not [n for (n, _) in s if n == "vllm_spark_gpu_memory_bytes"]
+
+
+def test_start_up_snapshot_is_logged_once_by_the_engine_before_its_worker(samples, vllm_server):
+    """The plain tiny model (no NVFP4): the engine core's start-up hook logs the snapshot once, before
+    the worker (where vLLM's own memory check runs) starts; on the CPU build with no verdict."""
+    log = vllm_server.log_path.read_text(errors="replace").splitlines()
+    at = [i for i, ln in enumerate(log) if "unified memory at start-up" in ln]
+    assert len(at) == 1, [log[i] for i in at]
+    line = log[at[0]]
+    assert "EngineCore" in line and "(engine 0)" in line, line
+    assert re.search(r"CPU build: the KV cache is sized by VLLM_CPU_KVCACHE_SPACE \S+ --kv-cache-memory-bytes "
+                     r"\(\d+\.\d GiB\), not by gpu_memory_utilization 0\.\d\d", line), line
+    assert "MemFree" in line and "MemAvailable" in line and "page cache" in line and "Fix:" not in line
+    worker = [i for i, ln in enumerate(log) if "role worker" in ln or ln.startswith("(Worker")]
+    assert worker and at[0] < worker[0], (line, log[worker[0]] if worker else None)
+    counted = [v for (n, lab), v in samples[1].items()
+               if n == "vllm_spark_plugin_errors_total" and dict(lab).get("where", "").startswith("startup_snapshot")]
+    assert not any(counted), counted

@@ -32,9 +32,12 @@ async def _one(session, base_url, model, prompt, max_tokens) -> tuple[StreamTimi
                 now = time.monotonic()
                 if first is None:
                     first = now
-                    first_tokens = max(1, usage_tokens)
                 if last is None or now - last > ARRIVAL_GAP_SECONDS:
                     arrivals += 1  # distinct arrivals, as the benchmark counts them
+                if arrivals == 1:
+                    # the first arrival: every token read with the first chunk (coalesced by the
+                    # server, or buffered while this client was not running) took no interval to come
+                    first_tokens = max(1, usage_tokens)
                 last = now
     return StreamTiming(output_tokens=usage_tokens, start=start, first_token=first, last_token=last,
                         requested_tokens=max_tokens,

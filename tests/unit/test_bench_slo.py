@@ -46,7 +46,7 @@ def outcome_from_stream_row(r: dict) -> str:
 def test_goodput_and_attainment_equal_what_streams_csv_gives(fake, tmp_path, capsys):
     out = tmp_path / "run"
     rc = vllm_spark(["bench", "--quiet", "--endpoint", fake.base_url, "--levels", "1,2,4,8", "--trials", "2",
-                     "--workload", "code", "--output-tokens", "40", "--slo-ttft", str(TTFT), "--slo-floor", str(FLOOR),
+                     "--workload", "code", "--output-tokens", "20", "--slo-ttft", str(TTFT), "--slo-floor", str(FLOOR),
                      "--slo-e2e", str(E2E), "--out", str(out)])
     assert rc == 0
     stdout = capsys.readouterr().out

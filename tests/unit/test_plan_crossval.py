@@ -79,3 +79,50 @@ def test_one_free_set_of_factors_does_not_transfer():
     free = fit_efficiency(_seed_deployment(), _seed_points()).efficiency
     assert free.bandwidth > 1.0  # absorbs Qwen3.6's routing and kernels
     assert median(_other_model_errors(free)) > median(_other_model_errors(Efficiency()))
+
+
+@pytest.fixture(scope="module")
+def lomo():
+    return cross_validate("model")
+
+
+def test_leave_one_model_out_carries_only_machine_factors(lomo):
+    """A held-out model is predicted with the machine/engine factors fitted on the other models and
+    none of its own (its routing skew, overhead and per-stream factors are never seen)."""
+    assert len(lomo) == len(published_entries())
+    for r in lomo:
+        assert r["model_factors"] is None, r["id"]
+        assert r["group"] == next(e["model"] for e in published_entries() if e["id"] == r["id"])
+
+
+def test_leave_one_source_out_keeps_the_models_own_factors(loso):
+    """Leaving a source out, a model another source measured keeps the factors fitted to it."""
+    entries = {e["id"]: e for e in published_entries()}
+    sources_of = {}
+    for e in entries.values():
+        sources_of.setdefault(e["model"], set()).add(e["source"])
+    seen_elsewhere = {i for i, e in entries.items() if sources_of[e["model"]] - {e["source"]}}
+    assert seen_elsewhere and seen_elsewhere != set(entries)
+    for r in loso:
+        assert (r["model_factors"] is not None) == (r["id"] in seen_elsewhere), r["id"]
+
+
+# The issue's targets.  Not met yet (docs/plan.md, "What the remaining misses are"): strict, so that
+# meeting one turns its test into a failure until the marker is removed.
+_NOT_MET = "target not met yet: docs/plan.md, 'What the remaining misses are'"
+
+
+@pytest.mark.xfail(strict=True, reason=_NOT_MET)
+def test_target_uncalibrated_median_within_10_percent(loso):
+    assert summary(loso)["all"]["median_uncalibrated"] <= 0.10
+
+
+@pytest.mark.xfail(strict=True, reason=_NOT_MET)
+def test_target_uncalibrated_worst_within_30_percent(loso):
+    assert summary(loso)["all"]["worst_uncalibrated"] <= 0.30
+
+
+@pytest.mark.xfail(strict=True, reason=_NOT_MET)
+def test_target_leave_one_model_out_calibration_improves_the_median(lomo):
+    s = summary(lomo)["all"]
+    assert s["median_calibrated"] < s["median_uncalibrated"]

@@ -2,8 +2,10 @@
 
 `registration` (the general-plugin entry, in every process), `scheduler` (the per-step hook in the
 engine core), `channel` (how engine core and workers reach the API server), `stats` (reading vLLM's
-stats objects), `stat_logger` (the stat-logger entry, API server), `nvfp4_claim` and
-`nvfp4_methods` (the quantization config and its layer methods), `roles`.
+stats objects), `stat_logger` (the stat-logger entry, API server), `delivery` (the clock the
+client sees, API server), `nvfp4_claim` and
+`nvfp4_methods` (the quantization config and its layer methods), `startup` (the unified-memory
+snapshot before the engine builds its workers), `roles`.
 
 Every place where the plugin patches or subclasses vLLM is listed in `PATCHES`: what it touches,
 why, the releases it was checked on, and what would let it go.  Adding a release to the window means
@@ -36,6 +38,12 @@ PATCHES = (
           "the API server's per-step stats (TTFT, finished requests, running/waiting, KV usage)",
           "0.27.1, 0.29.0, 0.32.0 (served); 0.33.0 (classes and signatures)",
           "none needed: vllm.stat_logger_plugins is vLLM's public extension point"),
+    Patch("delivery_clock", "vllm.v1.engine.async_llm.AsyncLLM.generate", "wrap",
+          "the per-stream rate and the SLO as the client experiences them: vLLM stamps tokens on the "
+          "engine core's clock, before the API server's output processing and the handler's wait",
+          "0.27.1, 0.32.0 (served); 0.26.0-0.33.0 (signature)",
+          "vLLM recording when each output is handed to the request's consumer (per-request "
+          "delivery timestamps in RequestStateStats)"),
     Patch("nvfp4_claim", "vllm.model_executor.layers.quantization.register_quantization_config", "register",
           "claim ModelOpt NVFP4 checkpoints on GB10 and on devices without FP4 kernels",
           "0.27.1, 0.29.0, 0.32.0 (served with an NVFP4 checkpoint); 0.33.0 (classes)",
@@ -45,6 +53,13 @@ PATCHES = (
           "the GB10 MoE backend policy, and the reference (dequantise-at-load) path on the CPU",
           "0.27.1, 0.29.0, 0.32.0 (served); 0.33.0 (classes)",
           "as for nvfp4_claim"),
+    Patch("startup_snapshot", "vllm.v1.executor.abstract.Executor.__init__", "wrap",
+          "vLLM's start-up free-memory check (CUDA: request_memory in Worker.init_device, against MemFree on "
+          "unified memory; CPU: CPUWorker.__init__) fails or leaves the OS too little with no word on why; the "
+          "snapshot and its fix are logged once per engine before the workers are built, for every model",
+          "0.32.0 (served, CPU); 0.26.0-0.33.0 (classes and signatures)",
+          "vLLM reading MemAvailable (or cudaMemGetInfo counting reclaimable page cache) on unified memory "
+          "(vllm#48140) and saying the fix in its own error"),
     Patch("tuned_configs", "VLLM_TUNED_CONFIG_FOLDER (environment)", "register",
           "GB10 Triton fused-MoE configs vLLM does not ship",
           "0.27.1, 0.29.0, 0.32.0, 0.33.0",

@@ -3,7 +3,8 @@
 * every process: the one settings instance; the run directory and the error spill (so contained
   errors anywhere reach the API server's /metrics); the NVFP4 config and the MoE policy state, where
   the installed vLLM offers what they need;
-* engine core: the scheduler hook, installed when vLLM imports its scheduler;
+* engine core: the scheduler hook, installed when vLLM imports its scheduler; the unified-memory
+  snapshot before the executor builds its workers (`hooks.startup`);
 * API server: the stat logger, a separate entry point (`hooks.stat_logger`).
 """
 from __future__ import annotations
@@ -48,6 +49,12 @@ def register_all() -> None:
             scheduler.install(errors.report)
         except Exception as exc:
             errors.report("scheduler_hook_install", exc)
+    if s.memory_guard:
+        try:
+            from vllm_spark_plugin.hooks import startup
+            startup.install(errors.report)
+        except Exception as exc:
+            errors.report("startup_snapshot_install", exc)
     register_nvfp4(announce=role == "api_server")
     for where, fn in (("moe_state_path", _moe_state_path), ("tuned_configs", _tuned_configs)):
         try:

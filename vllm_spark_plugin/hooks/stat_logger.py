@@ -65,6 +65,7 @@ class SparkStatLogger(StatLoggerBase):
             self.exporter.start_background()
             registration.start_otel_bridge()
             self._start_reader()
+            self._time_deliveries()
             log.info("vllm-spark-plugin: stat logger active in the API server (engine %d, pid %d, "
                      "%d KV blocks%s)", engine_index, os.getpid(), self.exporter.total_blocks or 0,
                      ", reading the engines' steps" if self.reader else "")
@@ -85,6 +86,17 @@ class SparkStatLogger(StatLoggerBase):
         reader = channel.StepReader(directory, self._on_step, errors.report)
         if reader.start():  # else another API server of this serve reads them
             self.reader = reader
+
+    def _time_deliveries(self) -> None:
+        """Per-stream rates and the SLO on the clock the client sees (`hooks.delivery`)."""
+        if not settings.current().delivery_clock or not self.caps["delivery_clock"].ok:
+            return
+        from vllm_spark_plugin.hooks import delivery
+        try:
+            delivery.install(self.exporter.engine(self.engine_index).record_delivered)
+            self.exporter.delivery_clock = True
+        except Exception as exc:
+            errors.report("delivery_install", exc)
 
     def _on_step(self, fields) -> None:
         """One scheduler-hook step (channel thread): validated inline, recorded on the lean path."""

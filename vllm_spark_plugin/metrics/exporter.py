@@ -50,6 +50,7 @@ class EngineChildren:
         self.preemptions = ins.preemptions.labels(*lv)
         self.ttft = ins.ttft.labels(*lv)
         self.stream_rate = ins.stream_rate.labels(*lv)
+        self.engine_stream_rate = ins.engine_stream_rate.labels(*lv)
         self.generation_tokens = ins.generation_tokens.labels(*lv)
         self.prompt_tokens = ins.prompt_tokens.labels(*lv)
         self._finished = ins.finished
@@ -74,6 +75,7 @@ class EngineState:
         self.engine = engine
         self.floors = exporter.slo.floors
         self.ttft_slo = exporter.slo.ttft_slo_seconds
+        self.exporter = exporter
         self.children = EngineChildren(exporter.ins, exporter.model, engine, self.floors)
         exporter.ins.ttft_slo.labels(exporter.model, engine).set(self.ttft_slo)
         self.knee = exporter.new_estimator()
@@ -126,12 +128,23 @@ class EngineState:
             c.ttft.observe(t)
             if self.knee is not None and d.batch:
                 self.knee.observe_ttft(d.batch, t)
+        # per-stream rates and the SLO: on the delivery clock where the API server times hand-offs
+        # (`record_delivered`), else on the engine core's clock
+        delivery = self.exporter.delivery_clock
         for r in d.stream_rates:
-            c.stream_rate.observe(r)
+            c.engine_stream_rate.observe(r)
+            if not delivery:
+                c.stream_rate.observe(r)
         for reason in d.finished_reasons:
             c.finished(reason).inc()
-        if d.finished_slo:
+        if d.finished_slo and not delivery:
             self.record_slo(d.finished_slo)
+
+    def record_delivered(self, d) -> None:
+        """One finished request on the delivery clock (`metrics.delivery.Delivered`)."""
+        if d.streamed and d.decode_rate is not None:
+            self.children.stream_rate.observe(d.decode_rate)
+        self.record_slo(((d.ttft, d.decode_rate, d.output_tokens),))
 
     def record_hook_step(self, batch: int, step_seconds: float, prefill_tokens: int, decode_tokens: int,
                          kv_used: int | None, tokens_per_stream: float) -> None:
@@ -197,6 +210,9 @@ class Exporter:
         self._profile_mtime: float | None = None
         self._read_spilled = None
         self._absorbed: dict = {}  # (pid, where) -> other processes' errors already counted
+        # True once `hooks.delivery` times this process's streams: per-stream rates and the SLO come
+        # from there, the stat logger's engine-clock rates go to their own histogram only
+        self.delivery_clock = False
 
     # -- engines ----------------------------------------------------------------------------------
     def new_estimator(self):

@@ -39,9 +39,15 @@ class Instruments:
         self.preemptions = Counter(n.PREEMPTIONS, "Requests preempted.", LABELS, registry=r)
         self.ttft = Histogram(n.TTFT, "Time to first token (queueing + prefill) of each request, seconds.",
                               LABELS, buckets=n.TTFT_BUCKETS, registry=r)
-        self.stream_rate = Histogram(n.STREAM_RATE, "Per-stream decode rate of each finished request: "
-                                     "(output tokens - 1) / (last token time - first token time), tokens/s.",
+        self.stream_rate = Histogram(n.STREAM_RATE, "Per-stream decode rate of each finished streamed request as "
+                                     "its client receives it: (output tokens - tokens of the first chunk) / (last "
+                                     "chunk time - first chunk time), timed where the API server hands the tokens "
+                                     "to the request's handler, tokens/s.",
                                      LABELS, buckets=n.STREAM_RATE_BUCKETS, registry=r)
+        self.engine_stream_rate = Histogram(n.ENGINE_STREAM_RATE, "Per-stream decode rate of each finished request "
+                                            "as the engine core produced it: (output tokens - 1) / (last token time "
+                                            "- first token time) on the engine core's clock, tokens/s.",
+                                            LABELS, buckets=n.STREAM_RATE_BUCKETS, registry=r)
         self.generation_tokens = Counter(n.GENERATION_TOKENS, "Tokens generated.", LABELS, registry=r)
         self.prompt_tokens = Counter(n.PROMPT_TOKENS, "Prompt tokens processed.", LABELS, registry=r)
         self.finished = Counter(n.REQUESTS_FINISHED, "Requests finished, by reason.", LABELS + ("reason",), registry=r)

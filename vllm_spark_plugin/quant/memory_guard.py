@@ -135,6 +135,7 @@ class StartupSnapshot:
     ok: bool
     message: str
     fix: str = ""
+    facts: str = ""             # the figures alone, without the verdict or what vLLM compares
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -177,13 +178,20 @@ def startup_snapshot(meminfo: dict[str, int], utilization: float, total_bytes: i
     else:
         verdict = "start-up check passes with the OS reserve kept"
     fix = "; or ".join(fixes)
+    figures = (f"requested {utilization:.2f} x {gib(total):.1f} GiB = {gib(requested):.1f} GiB; MemFree {gib(free):.1f} GiB, "
+               f"MemAvailable {gib(avail):.1f} GiB, page cache {gib(cache):.1f} GiB ({gib(reclaimable):.1f} GiB reclaimable)")
     return StartupSnapshot(utilization, total, requested, free, avail, cache, reclaimable, adv.reserve_bytes,
-                           adv.safe_utilization, passes, not fixes, f"{verdict}: {facts}", fix)
+                           adv.safe_utilization, passes, not fixes, f"{verdict}: {facts}", fix, figures)
 
 
 def log_startup_snapshot(utilization: float | None, total_bytes: int | None = None,
-                         meminfo_path: str | Path = "/proc/meminfo") -> StartupSnapshot | None:
-    """Log the snapshot in the engine process: one info line, or one warning with the fix."""
+                         meminfo_path: str | Path = "/proc/meminfo", sized_by: str | None = None,
+                         where: str = "") -> StartupSnapshot | None:
+    """Log the snapshot in the engine process: one info line, or one warning with the fix.
+
+    `sized_by`: where the build does not size memory by the utilisation (vLLM's CPU build: the KV
+    cache is `VLLM_CPU_KVCACHE_SPACE`), the reason; the figures are then logged as information, with
+    no verdict.  `where` names the engine in the line (e.g. "engine 0")."""
     if utilization is None:
         return None
     info = read_meminfo(meminfo_path)
@@ -192,16 +200,20 @@ def log_startup_snapshot(utilization: float | None, total_bytes: int | None = No
                     meminfo_path)
         return None
     snap = startup_snapshot(info, utilization, total_bytes)
-    if snap.ok:
-        log.info("vllm-spark-plugin: unified memory at start-up: %s", snap.message)
+    head = f"vllm-spark-plugin: unified memory at start-up{f' ({where})' if where else ''}"
+    if sized_by:
+        log.info("%s: %s; no verdict, figures only: %s", head, sized_by, snap.facts)
+    elif snap.ok:
+        log.info("%s: %s", head, snap.message)
     else:
-        log.warning("vllm-spark-plugin: unified memory at start-up: %s. Fix: %s", snap.message, snap.fix)
+        log.warning("%s: %s. Fix: %s", head, snap.message, snap.fix)
     return snap
 
 
-def check_at_startup(vllm_config) -> MemoryAdvice | None:
+def check_at_startup(vllm_config, snapshot: bool = True) -> MemoryAdvice | None:
     """Warn when the configured utilisation is above the safe figure (CUDA devices only: the CPU
-    build sizes its KV cache with VLLM_CPU_KVCACHE_SPACE instead)."""
+    build sizes its KV cache with VLLM_CPU_KVCACHE_SPACE instead).  `snapshot=False` where the
+    engine-core start-up hook (`hooks.startup`) has logged the start-up snapshot already."""
     from vllm_spark_plugin.vllm import platform as _vllm
 
     if not _vllm.has_cuda():
@@ -214,5 +226,6 @@ def check_at_startup(vllm_config) -> MemoryAdvice | None:
         log.info("vllm-spark-plugin: unified memory: %s", adv.message)
     else:
         log.warning("vllm-spark-plugin: unified memory: %s", adv.message)
-    log_startup_snapshot(configured)
+    if snapshot:
+        log_startup_snapshot(configured)
     return adv

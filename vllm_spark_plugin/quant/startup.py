@@ -22,7 +22,10 @@ def once_per_process(quant_config) -> None:
         from vllm_spark_plugin.quant import memory_guard
 
         if settings.current().memory_guard:
-            memory_guard.check_at_startup(current_vllm_config())
+            from vllm_spark_plugin.vllm import capabilities
+            # the engine core's start-up hook logs the snapshot for every model where it can
+            memory_guard.check_at_startup(current_vllm_config(),
+                                          snapshot=not capabilities.startup_snapshot().ok)
     except Exception as exc:  # a guard must not stop the model from loading
         from vllm_spark_plugin.metrics import errors
         errors.report("memory_guard", exc)

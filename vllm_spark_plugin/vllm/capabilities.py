@@ -148,6 +148,35 @@ def stat_logger() -> Capability:
     return _probe("stat_logger", _check_stat_logger)
 
 
+# --- the delivery clock (API server) --------------------------------------------------------------
+ENGINE_CLIENT = "vllm.v1.engine.async_llm:AsyncLLM"
+
+
+def engine_client_class():
+    """The engine client the OpenAI server iterates per request (AsyncLLM, every release in the window)."""
+    return _attr(ENGINE_CLIENT)
+
+
+def _check_delivery_clock() -> str:
+    cls = engine_client_class()
+    if not inspect.isasyncgenfunction(getattr(cls, "generate", None)):
+        raise LookupError("AsyncLLM.generate is not an async generator")
+    gen = _params(cls.generate)
+    if gen[:4] != ["self", "prompt", "sampling_params", "request_id"]:
+        raise LookupError(f"AsyncLLM.generate{tuple(gen)} is not (prompt, sampling_params, request_id, ...)")
+    kind = _attr("vllm.sampling_params:RequestOutputKind")
+    missing = [k for k in ("CUMULATIVE", "DELTA", "FINAL_ONLY") if not hasattr(kind, k)]
+    if missing:
+        raise LookupError(f"RequestOutputKind lacks {', '.join(missing)}")
+    _attr("vllm.outputs:RequestOutput")
+    return "AsyncLLM.generate (async generator of RequestOutput) and RequestOutputKind"
+
+
+def delivery_clock() -> Capability:
+    """Per-stream rate and SLO judged where the API server hands tokens to the client's handler."""
+    return _probe("delivery_clock", _check_delivery_clock)
+
+
 # --- NVFP4 quantization config and the MoE policy -------------------------------------------------
 def moe_layer_class():
     """The layer class that holds MoE weights (every release in the window)."""
@@ -216,8 +245,36 @@ def moe_policy() -> Capability:
     return _probe("moe_policy", _check_moe_policy)
 
 
-PROBES = {"step_hook": step_hook, "stat_logger": stat_logger, "nvfp4_config": nvfp4_config,
-          "moe_policy": moe_policy}
+# --- the start-up memory snapshot (engine core) ---------------------------------------------------
+EXECUTOR_MODULE = "vllm.v1.executor.abstract"
+
+
+def _check_startup_snapshot() -> str:
+    executor = _attr(EXECUTOR_MODULE + ":Executor")
+    init = _params(executor.__init__)
+    if init[:2] != ["self", "vllm_config"]:
+        raise LookupError(f"Executor.__init__{tuple(init)} is not (vllm_config)")
+    try:
+        builds_workers = "_init_executor(" in inspect.getsource(executor.__init__)
+    except (OSError, TypeError):
+        builds_workers = True  # no source (zipped install): the signature has to do
+    if not builds_workers:
+        raise LookupError("Executor.__init__ no longer builds the workers (_init_executor)")
+    cache = _attr("vllm.config:CacheConfig")
+    missing = [f for f in ("gpu_memory_utilization", "kv_cache_memory_bytes") if f not in _fields_of(cache)]
+    if missing:
+        raise LookupError(f"CacheConfig lacks {', '.join(missing)}")
+    return "Executor.__init__(vllm_config) builds the workers; CacheConfig.gpu_memory_utilization"
+
+
+def startup_snapshot() -> Capability:
+    """The unified-memory snapshot before the workers (and vLLM's free-memory check) start."""
+    return _probe("startup_snapshot", _check_startup_snapshot)
+
+
+PROBES = {"step_hook": step_hook, "stat_logger": stat_logger, "delivery_clock": delivery_clock,
+          "nvfp4_config": nvfp4_config, "moe_policy": moe_policy,
+          "startup_snapshot": startup_snapshot}
 
 
 def all_capabilities() -> dict[str, Capability]:

@@ -80,3 +80,20 @@ def environment_variable_names() -> set[str]:
     """The VLLM_* variables the installed vLLM reads (its own registry, `vllm.envs`)."""
     import vllm.envs as envs
     return set(envs.environment_variables)
+
+
+def compiled_libraries() -> list[str]:
+    """The compiled extension libraries (`*.so`) the installed vLLM ships, and FlashInfer's where it
+    ships any (FlashInfer compiles most kernels at run time), found on disk without importing them."""
+    import importlib.util
+    from pathlib import Path
+
+    out: list[str] = []
+    for package in ("vllm", "flashinfer"):
+        try:
+            spec = importlib.util.find_spec(package)
+        except (ImportError, ValueError):
+            continue
+        for folder in (spec.submodule_search_locations or []) if spec else []:
+            out.extend(str(p) for p in sorted(Path(folder).rglob("*.so")))
+    return out

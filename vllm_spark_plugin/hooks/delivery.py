@@ -1,0 +1,80 @@
+"""The delivery clock: wraps `AsyncLLM.generate`, the per-request stream of outputs the OpenAI
+server iterates and writes to the client, to time each output where it leaves vLLM for the client
+(`metrics.delivery`).  API-server process only; installed by the stat logger, which owns the
+exporter the finished requests go to.  Registered in `hooks.PATCHES`.
+
+Per output: one clock read, a token count and two stores; nothing else on the hot path.  No
+exception leaves the wrapper except the stream's own (cancellation, engine errors), untouched.
+"""
+from __future__ import annotations
+
+import time
+
+from vllm_spark_plugin.metrics import errors
+from vllm_spark_plugin.metrics.delivery import Delivery, not_streamed
+from vllm_spark_plugin.vllm import capabilities
+
+_ORIGINAL = None
+_sink = None  # callable(Delivered), set by install(); None: the wrapper only passes outputs through
+
+
+def install(sink) -> bool:
+    """Wrap AsyncLLM.generate once per process; later calls only replace the sink."""
+    global _ORIGINAL, _sink
+    if _sink is None:  # one sink per process: the first engine's (data parallelism: see README)
+        _sink = sink
+    if _ORIGINAL is not None:
+        return True
+    cls = capabilities.engine_client_class()
+    _ORIGINAL = cls.generate
+    generate.__wrapped__ = _ORIGINAL  # the probe (and inspect) read vLLM's own signature
+    cls.generate = generate
+    return True
+
+
+def _kind(args, kwargs):
+    sp = args[1] if len(args) > 1 else kwargs.get("sampling_params")
+    return getattr(getattr(sp, "output_kind", None), "name", None)
+
+
+def _tokens(out, cumulative: bool) -> int:
+    # DELTA: the new tokens of each sequence; CUMULATIVE: every token so far
+    return sum(len(c.token_ids) for c in out.outputs) if out.outputs else 0
+
+
+async def generate(self, *args, **kwargs):
+    inner = _ORIGINAL(self, *args, **kwargs)
+    sink = _sink
+    track = None
+    if sink is not None:
+        try:
+            kind = _kind(args, kwargs)
+            track = Delivery(time.monotonic(), cumulative=kind == "CUMULATIVE") if kind != "FINAL_ONLY" else False
+        except Exception as exc:
+            errors.report("delivery", exc)
+    try:
+        async for out in inner:
+            if track is not None:
+                try:
+                    if track is False:  # answered in one piece: vLLM's own figures
+                        if out.finished:
+                            _finish_whole(out, sink)
+                    else:
+                        track.see(time.monotonic(), _tokens(out, track.cumulative))
+                        if out.finished:
+                            sink(track.result())
+                except Exception as exc:
+                    errors.report("delivery", exc)
+                    track = None
+            yield out
+    finally:
+        await inner.aclose()
+
+
+def _finish_whole(out, sink) -> None:
+    m = getattr(out, "metrics", None)
+    tokens = sum(len(c.token_ids) for c in out.outputs) if out.outputs else 0
+    ttft = getattr(m, "first_token_latency", None)
+    first, last = getattr(m, "first_token_ts", None), getattr(m, "last_token_ts", None)
+    window = last - first if isinstance(first, (int, float)) and isinstance(last, (int, float)) else None
+    sink(not_streamed(ttft, window, tokens))

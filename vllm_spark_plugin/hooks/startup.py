@@ -1,0 +1,118 @@
+"""The unified-memory snapshot at engine start-up, for every model: wraps vLLM's `Executor.__init__`
+(`vllm.v1.executor.abstract`), so the snapshot is logged once per engine, in the engine core,
+before the executor builds its workers.
+
+Why there: vLLM's own free-memory check runs in the worker (CUDA: `Worker.init_device` ->
+`v1/worker/utils.py::request_memory`, utilisation x total against CUDA's free memory, which is
+MemFree on unified memory; CPU build: `CPUWorker.__init__`, against the NUMA node's available memory
+unless the KV cache size is given) and raises before the model loads.  The worker class is resolved
+and built right after the plugin loads in the worker, and with one GPU the worker lives in the
+engine core; `Executor.__init__` is the one point in every release 0.26-0.33 that holds the
+`VllmConfig`, runs after the plugin has loaded in the engine core, and comes before any worker
+(so before the check) on every executor (uniprocess, multiprocess, Ray).  The engine core loads
+the plugin inside `EngineCore.__init__`, so wrapping that method would miss its first call.
+
+Registered in `hooks.PATCHES`; switched on when `vllm.capabilities.startup_snapshot()` passes and
+the `memory_guard` setting is on.  Never raises into vLLM: a failure is counted under
+`where="startup_snapshot"` and the executor is built as if the hook were not there.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+
+from vllm_spark_plugin.vllm.capabilities import EXECUTOR_MODULE
+
+log = logging.getLogger("vllm_spark_plugin")
+
+_HOOK_ATTR = "_vllm_spark_startup_hooked"
+# vLLM's CPU build does not run the CUDA check; what it does instead, in words for the log line
+CPU_KV_GIVEN = ("CPU build: the KV cache is sized by VLLM_CPU_KVCACHE_SPACE / --kv-cache-memory-bytes "
+                "({gib:.1f} GiB), not by gpu_memory_utilization {util:.2f}")
+CPU_KV_UNSET = ("CPU build: vLLM compares gpu_memory_utilization {util:.2f} x the NUMA node's memory with the "
+                "node's available memory, not with CUDA's free memory")
+
+
+class _PatchAfterImport:
+    """A meta-path finder that runs `fn(module)` right after `name` is imported."""
+
+    def __init__(self, name: str, fn) -> None:
+        self.name, self.fn = name, fn
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self.name:
+            return None
+        import importlib.machinery
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return None
+        exec_module, fn = spec.loader.exec_module, self.fn
+
+        def exec_and_patch(module):
+            exec_module(module)
+            fn(module)
+        spec.loader.exec_module = exec_and_patch
+        return spec
+
+
+def install(on_error) -> None:
+    """Wrap `Executor.__init__` now, or as soon as vLLM imports its module."""
+
+    def patch(module):
+        try:
+            from vllm_spark_plugin.vllm import capabilities
+            cap = capabilities.startup_snapshot()
+            if not cap.ok:
+                log.warning("vllm-spark-plugin: no unified-memory snapshot at engine start-up: %s", cap.reason)
+                return
+            patch_executor(module.Executor, on_error)
+        except Exception as exc:
+            on_error("startup_snapshot_install", exc)
+
+    module = sys.modules.get(EXECUTOR_MODULE)
+    if module is not None:
+        patch(module)
+    elif not any(isinstance(f, _PatchAfterImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _PatchAfterImport(EXECUTOR_MODULE, patch))
+
+
+def patch_executor(Executor, on_error) -> None:
+    """`on_error(where, exc)` is called (never raises) when the snapshot fails; the executor is
+    built either way."""
+    if Executor.__dict__.get(_HOOK_ATTR, False):
+        return
+    orig_init = Executor.__init__
+
+    @functools.wraps(orig_init)
+    def __init__(self, vllm_config, *args, **kwargs):
+        try:
+            log_snapshot(vllm_config)
+        except Exception as exc:
+            on_error("startup_snapshot", exc)
+        return orig_init(self, vllm_config, *args, **kwargs)
+
+    Executor.__init__ = __init__
+    setattr(Executor, _HOOK_ATTR, True)
+
+
+def log_snapshot(vllm_config):
+    """Log the start-up snapshot for this engine (what vLLM's check will compare, and the fix)."""
+    from vllm_spark_plugin import settings
+    from vllm_spark_plugin.quant import memory_guard
+    from vllm_spark_plugin.vllm import platform
+
+    if not settings.current().memory_guard:
+        return None
+    cache = getattr(vllm_config, "cache_config", None)
+    util = getattr(cache, "gpu_memory_utilization", None)
+    if not isinstance(util, (int, float)):
+        return None
+    sized_by = None
+    if not platform.has_cuda():
+        kv = getattr(cache, "kv_cache_memory_bytes", None)
+        sized_by = (CPU_KV_GIVEN.format(gib=kv / memory_guard.GIB, util=util) if isinstance(kv, int) and kv > 0
+                    else CPU_KV_UNSET.format(util=util))
+    rank = getattr(getattr(vllm_config, "parallel_config", None), "data_parallel_rank", 0)
+    engine = rank if isinstance(rank, int) and rank >= 0 else 0
+    return memory_guard.log_startup_snapshot(float(util), sized_by=sized_by, where=f"engine {engine}")
