@@ -3,7 +3,8 @@
 # lists them): for each, an environment (scripts/release-env.sh), the port's contract tests against
 # that release's classes, and, for releases with a CPU build, a real `vllm serve` with the plugin
 # under streaming load (tests/integration/test_exporter_e2e.py: the exporter's invariants, the live
-# knee) and the NVFP4 checkpoint served through the plugin (tests/integration/test_nvfp4_serve.py).
+# knee; tests/integration/test_delivery_clock.py: the per-stream rate against clients) and the NVFP4
+# checkpoint served through the plugin (tests/integration/test_nvfp4_serve.py).
 # Writes runs/release-matrix/ (JUnit XML per release and check, matrix.md, matrix.json) and prints
 # the release x feature table.
 #
@@ -42,7 +43,7 @@ for v in $versions; do
   "$py" -m pytest -p no:cacheprovider -q tests/contract/test_vllm_port.py --junitxml "$OUT/$v-contract.xml" || rc=1
   if [ "$kind" = cpu ]; then
     SPARK_TEST_ARTIFACTS=$PWD/$OUT/$v-artifacts "$py" -m pytest -p no:cacheprovider -q \
-      tests/integration/test_exporter_e2e.py tests/integration/test_nvfp4_serve.py \
+      tests/integration/test_exporter_e2e.py tests/integration/test_delivery_clock.py tests/integration/test_nvfp4_serve.py \
       --junitxml "$OUT/$v-serve.xml" || rc=1
   fi
   echo "release-matrix: $v checked in $((SECONDS - t0)) s"

@@ -107,6 +107,39 @@ def multi_api_server(tiny_model_path, artifacts_dir):
     server.stop()
 
 
+# n-gram (prompt lookup) speculation: the method that runs on the CPU build with nothing else
+# installed (docs/speculative.md); up to 3 draft tokens per step, matches of 1 to 3 tokens.
+NGRAM_SPECULATIVE_CONFIG = {"method": "ngram", "num_speculative_tokens": 3,
+                            "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+
+
+@pytest.fixture(scope="session")
+def spec_decode_server(tiny_model_path, artifacts_dir):
+    """A plugin server with n-gram speculative decoding (test_spec_decode.py).  The knee is refitted
+    every 2 s so its gauges follow a short load."""
+    import json
+    server = _start(tiny_model_path, artifacts_dir, "vllm-server-spec-ngram",
+                    extra_args=["--speculative-config", json.dumps(NGRAM_SPECULATIVE_CONFIG)],
+                    env={"SPARK_PLUGIN_KNEE_REFIT_SECONDS": "2"})
+    yield server
+    server.stop()
+
+
+SLO_BOUNDARY_TTFT_SECONDS = 0.5
+
+
+@pytest.fixture(scope="module")
+def slo_boundary_server(tiny_model_path, artifacts_dir):
+    """A plugin server whose TTFT SLO falls inside what a queue makes requests wait (test_slo_e2e.py):
+    at most 4 running requests, TTFT SLO 0.5 s, floor 20 tok/s.  Stopped after its module, so no
+    later timing test shares the cores with it."""
+    server = _start(tiny_model_path, artifacts_dir, "vllm-server-slo-boundary", extra_args=["--max-num-seqs", "4"],
+                    env={"SPARK_PLUGIN_TTFT_SLO_SECONDS": str(SLO_BOUNDARY_TTFT_SECONDS),
+                         "SPARK_PLUGIN_FLOORS": "20"})
+    yield server
+    server.stop()
+
+
 @pytest.fixture(scope="session")
 def vllm_server_pair(vllm_server, second_vllm_server):
     return vllm_server, second_vllm_server

@@ -33,6 +33,8 @@ EXPECTED_EMPTY: dict[str, str] = {
     "vllm_spark_nvrm_": "the test server's kernel-log source is unreadable on purpose (SPARK_PLUGIN_KERNEL_LOG in "
                         "tests/conftest.py), so no NVRM event series exist",
     "instance:vllm_spark_nvrm_": "recorded from the NVRM event series above",
+    "spec_decode": "the main test server runs without speculative decoding, so vLLM exports no vllm:spec_decode_* "
+                   "counters; tests/integration/test_spec_decode.py runs these panels and rules against an n-gram server",
     "vllm_spark_capacity_ttft_streams": "the TTFT capacity is unknown (absent) while TTFT stays within the SLO at "
                                         "every observed batch, as under this light load (verdict gauge says so)",
 }

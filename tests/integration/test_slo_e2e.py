@@ -7,8 +7,14 @@ judged at the 20 tok/s floor: it meets it with a wide margin.  The loaded phase 
 at a floor no stream reaches (100,000 tok/s): every request misses it, whatever the speed of the box.
 Both SLO values sit far from what each phase observes (a 1 s TTFT SLO did not: under 16 streams on
 two cores the client saw half the first tokens after 1 s where the server's clock had them before),
-so the two sides must agree on every request even though they read different clocks (the client times chunks as they arrive; the server takes
-TTFT = end-to-end latency - decode window, and the decode window from engine-core timestamps).
+so the two sides must agree on every request.
+
+Near the boundary (`slo_boundary_server`: at most 4 running requests, TTFT SLO 0.5 s): 16 streams
+queue in batches of 4, so TTFTs spread over about a second and the SLO splits them: some requests
+meet it, some miss it.  Both sides judge TTFT on their own clock (the client from sending the
+request to reading its first token; the server on the delivery clock, from handing the request to
+vLLM's engine client to handing its first token to the request's handler), so a request within a few
+milliseconds of 0.5 s may be judged differently: they must agree on at least 95% of requests.
 """
 from __future__ import annotations
 
@@ -19,6 +25,7 @@ import pytest
 
 from support.load import run_streams
 from support.scrape import scrape, value, wait_idle
+from conftest import SLO_BOUNDARY_TTFT_SECONDS
 from vllm_spark_plugin.definitions import SLO_MET, SLO_OUTCOMES, slo_outcome
 
 pytestmark = pytest.mark.server
@@ -50,9 +57,9 @@ def slo_run(vllm_server):
     return out
 
 
-def _client(streams, floor: float) -> tuple[collections.Counter, int]:
+def _client(streams, floor: float, ttft_slo: float = TTFT_SLO) -> tuple[collections.Counter, int]:
     """The client's classification (same definition) and the met requests' completion tokens."""
-    judged = [slo_outcome(s.ttft, s.decode_rate, TTFT_SLO, floor) for s in streams]
+    judged = [slo_outcome(s.ttft, s.decode_rate, ttft_slo, floor) for s in streams]
     return collections.Counter(judged), sum(s.output_tokens for s, o in zip(streams, judged) if o == SLO_MET)
 
 
@@ -113,3 +120,30 @@ def test_ttft_slo_and_capacity_series_are_exported(slo_run, vllm_server):
         spare = value(s, P + "spare_capacity_streams", floor="20")
         cap = value(s, P + "slo_capacity_streams", floor="20")
         assert spare == cap - value(s, P + "running_requests")
+
+
+@pytest.fixture(scope="module")
+def boundary_run(slo_boundary_server):
+    srv = slo_boundary_server
+    before = wait_idle(srv.metrics_url)
+    streams = []
+    for w in range(2):
+        streams += run_streams(srv.base_url, srv.model, 16, max_tokens=MAX_TOKENS, prompt_prefix=f"slo-boundary-w{w}")
+    after = wait_idle(srv.metrics_url)
+    return dict(streams=streams, before=before, after=after)
+
+
+def test_near_the_ttft_slo_both_sides_agree_on_95_percent_and_some_miss(boundary_run):
+    r = boundary_run
+    n = len(r["streams"])
+    server = _server_counts(r["after"], r["before"], "slo_requests_total", 20.0)
+    tokens = _server_counts(r["after"], r["before"], "slo_output_tokens_total", 20.0)
+    client, client_met_tokens = _client(r["streams"], 20.0, SLO_BOUNDARY_TTFT_SECONDS)
+    report = (f"{n} requests, server {server}, client {dict(client)}; client TTFTs (s) "
+              f"{sorted(round(s.ttft, 2) for s in r['streams'])}")
+    print("\n" + report)
+    assert sum(server.values()) == n, report
+    assert server[SLO_MET] > 0 and server["missed_ttft"] + server["missed_both"] > 0, report
+    assert sum(min(server[o], client[o]) for o in SLO_OUTCOMES) >= 0.95 * n, report
+    assert tokens[SLO_MET] == MAX_TOKENS * server[SLO_MET]
+    assert abs(tokens[SLO_MET] - client_met_tokens) <= 0.05 * MAX_TOKENS * n, report

@@ -2,7 +2,8 @@
 
 * serving   - throughput against the knee: tokens/s, per-stream rate, batch heatmap, knee ratio, live
               knee and capacity beside the offline profile, TTFT against the SLO, step time, queue,
-              preemptions, prefill share;
+              preemptions, prefill share, speculative decoding (acceptance, accepted length, tokens
+              per step);
 * kv-memory - KV blocks, unified memory, memory pressure;
 * power     - GPU power, joules per token, tokens per joule, clocks, temperature, clock-event reasons;
 * fleet     - one row per Spark, summed capacity at the floor, fleet knee ratio.
@@ -107,10 +108,13 @@ def serving(slo: SLOConfig) -> dict:
                            Q(_sum_by_instance(N.MAX_THROUGHPUT), "{{instance}} plateau (live fit)"),
                            Q(_sum_by_instance(N.PROFILE_MAX_THROUGHPUT), "{{instance}} plateau (profile)")], TOK_S))
     d = d.with_panel(P.ts("Per-stream decode rate (p10 / p50 / p90)",
-                          f"Quantiles of the per-stream decode rate of finished requests. The dashed line is the {floor:g} tok/s floor.",
+                          f"Quantiles of the per-stream decode rate of finished requests, as clients receive them (the delivery "
+                          f"clock); p50 (engine) is the same rate on the engine core's clock: delivery well below engine means the "
+                          f"API server, not the engine, is slowing streams. The dashed line is the {floor:g} tok/s floor.",
                           [Q(q.hist_quantile(0.1, N.STREAM_RATE, R, base=S), "p10"),
                            Q(q.hist_quantile(0.5, N.STREAM_RATE, R, base=S), "p50"),
-                           Q(q.hist_quantile(0.9, N.STREAM_RATE, R, base=S), "p90")], TOK_S,
+                           Q(q.hist_quantile(0.9, N.STREAM_RATE, R, base=S), "p90"),
+                           Q(q.hist_quantile(0.5, N.ENGINE_STREAM_RATE, R, base=S), "p50 (engine)")], TOK_S,
                           steps=_floor_steps(slo), min_val=0))
     d = d.with_panel(P.heat("Batch size per step",
                             "Running requests in each engine step (vllm_spark_step_batch_size buckets): the decode batch the GPU actually ran.",
@@ -192,6 +196,7 @@ def serving(slo: SLOConfig) -> dict:
                                    "vllm_spark_info: plugin version, vLLM version, device and MoE backend per instance.",
                                    [Q(q.sel(N.INFO, 'instance=~"$instance"'), table=True)], h=5))
     d = _slo_panels(d, slo)
+    d = _spec_decode_panels(d)
     return _finish(d, slo)
 
 
@@ -245,6 +250,36 @@ def _slo_panels(d, slo: SLOConfig):
                                       "upper bound, or unknown (within the SLO at every observed batch, too few points).",
                                       [Q(f"max by (instance, verdict) ({q.sel(N.CAPACITY_TTFT_VERDICT, base=S)})",
                                          "{{instance}} {{verdict}}")]))
+    return d
+
+
+def _spec_decode_panels(d):
+    """Speculative decoding: vLLM's own draft counters (`vllm:spec_decode_*`, present only with
+    `--speculative-config`) and the plugin's tokens per stream-step (1 without speculation)."""
+    accepted = f"rate({q.vllm('spec_decode_num_accepted_tokens_total', base=S)}[{R}])"
+    draft_tokens = f"rate({q.vllm('spec_decode_num_draft_tokens_total', base=S)}[{R}])"
+    drafts = f"rate({q.vllm('spec_decode_num_drafts_total', base=S)}[{R}])"
+    per_pos = f"rate({q.vllm('spec_decode_num_accepted_tokens_per_pos_total', base=S)}[{R}])"
+    d = d.with_row(P.text_row("Speculative decoding"))
+    d = d.with_panel(P.ts("Draft acceptance rate",
+                          "Accepted draft tokens / proposed draft tokens (vLLM's spec-decode counters), per instance and "
+                          "per draft position (accepted at position i / drafts). Empty without --speculative-config.",
+                          [Q(f"sum by (instance) ({accepted}) / sum by (instance) ({draft_tokens})", "{{instance}}"),
+                           Q(f"sum by (instance, position) ({per_pos}) / on (instance) group_left sum by (instance) ({drafts})",
+                             "{{instance}} position {{position}}")],
+                          "percentunit", w=8, min_val=0, max_val=1))
+    d = d.with_panel(P.ts("Mean accepted length",
+                          "1 + accepted draft tokens / drafts: tokens a stream gains per verification step, bonus token "
+                          "included (vLLM's mean acceptance length). 1 means no draft token is ever accepted.",
+                          [Q(f"1 + sum by (instance) ({accepted}) / sum by (instance) ({drafts})", "{{instance}}")],
+                          "short", w=8, min_val=1))
+    d = d.with_panel(P.ts("Tokens per step per stream",
+                          "Generated tokens / (streams x steps): rate of vllm_spark_generation_tokens_total over the rate of "
+                          "vllm_spark_step_batch_size_sum. 1 without speculative decoding; the live plateau and per-stream rate "
+                          "count tokens, so they scale with it.",
+                          [Q(f"sum by (instance) ({q.rate(N.GENERATION_TOKENS, R, base=S)}) / "
+                             f"sum by (instance) ({q.rate(N.STEP_BATCH_SIZE + '_sum', R, base=S)})", "{{instance}}")],
+                          "short", w=8, min_val=0))
     return d
 
 

@@ -24,7 +24,6 @@ HOST = "job, instance"           # host series (GPU, unified memory, PSI, plugin
 ON_INST = f"on ({INST})"
 FLEET = "job, model_name"
 PREFILL = 'phase="prefill"'
-DECODE = 'phase="decode"'
 WINDOW_SECONDS = {"2m": 120, "5m": 300, "10m": 600, "30m": 1800, "1h": 3600, "6h": 21600, "3d": 259200}
 SLOW_STATE_FACTOR = 1.5          # observed mean step time over the model's prediction
 PREFILL_STALL_TOKENS_PER_STEP = 1024
@@ -108,9 +107,11 @@ def recording_groups(slo: SLOConfig) -> list[dict]:
             f"instance:vllm_spark_step_prefill_tokens:per_step_{w}",
             f"sum by ({INST}) ({r(N.STEP_TOKENS + '_sum', w, PREFILL)}) / "
             f"sum by ({INST}) ({r(N.STEP_DURATION + '_count', w)})"))
+    # tokens the streams gained, not decode tokens scheduled: with speculative decoding those include
+    # the rejected drafts verified in each step (docs/speculative.md)
     instance.append(_ratio_record(
-        "instance:vllm_spark_step_decode_tokens:per_stream_rate2m",
-        f"sum by ({INST}) ({r(N.STEP_TOKENS + '_sum', '2m', DECODE)}) / "
+        "instance:vllm_spark_generation_tokens:per_stream_rate2m",
+        f"sum by ({INST}) ({r(N.GENERATION_TOKENS, '2m')}) / "
         f"instance:vllm_spark_step_batch_size:mean2m"))
     instance.append(_ratio_record(
         "instance:vllm_spark_step_duration_seconds:predicted_by_fit_1h_ago",
@@ -146,6 +147,7 @@ def recording_groups(slo: SLOConfig) -> list[dict]:
         {"name": "vllm_spark_fleet", "rules": fleet},
         {"name": "vllm_spark_slo_attainment", "rules": attainment_records(slo)},
         {"name": "vllm_spark_memory", "rules": memory_records()},
+        {"name": "vllm_spark_spec_decode", "rules": spec_decode_records()},
     ]
 
 
@@ -178,6 +180,29 @@ def attainment_records(slo: SLOConfig) -> list[dict]:
                       f"sum by ({FLEET}, floor) (instance:vllm_spark_spare_capacity_streams:sum)"),
     ]
     return out
+
+
+def spec_decode_records() -> list[dict]:
+    """Speculative decoding, from vLLM's own counters (`vllm:spec_decode_*`: present only on a server
+    with `--speculative-config`) and the plugin's tokens per stream-step (any server: 1 without
+    speculation).  Acceptance rate = accepted draft tokens / draft tokens; mean accepted length =
+    1 + accepted draft tokens / drafts, the tokens a stream gains per verification (vLLM's own
+    "mean acceptance length"); per position: accepted at draft position i / drafts."""
+    acc = f"rate({q.vllm('spec_decode_num_accepted_tokens_total')}[5m])"
+    drafts = f"rate({q.vllm('spec_decode_num_drafts_total')}[5m])"
+    return [
+        _ratio_record("instance:vllm_spark_spec_decode_acceptance:ratio_rate5m",
+                      f"sum by ({INST}) ({acc})\n/\n"
+                      f"sum by ({INST}) (rate({q.vllm('spec_decode_num_draft_tokens_total')}[5m]))"),
+        _ratio_record("instance:vllm_spark_spec_decode_accepted_length:mean5m",
+                      f"1 + sum by ({INST}) ({acc})\n/\nsum by ({INST}) ({drafts})"),
+        _ratio_record("instance:vllm_spark_spec_decode_acceptance_by_position:ratio_rate5m",
+                      f"sum by ({INST}, position) (rate({q.vllm('spec_decode_num_accepted_tokens_per_pos_total')}[5m]))\n"
+                      f"/ {ON_INST} group_left\nsum by ({INST}) ({drafts})"),
+        _ratio_record("instance:vllm_spark_step_tokens_per_stream:mean5m",
+                      f"sum by ({INST}) ({q.rate(N.GENERATION_TOKENS, '5m')})\n/\n"
+                      f"sum by ({INST}) ({q.rate(N.STEP_BATCH_SIZE + '_sum', '5m')})"),
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -241,12 +266,12 @@ def alerts(slo: SLOConfig) -> list[tuple[str, list[Alert]]]:
               f"Running batch / knee is {{{{ $value | printf \"%.2f\" }}}} (> {slo.knee_warn:g}) for 30 m on {{{{ $labels.instance }}}}: "
               "little throughput headroom is left before per-stream rates fall fast.", "30m"),
         Alert("VllmSparkCapacityExhausted",
-              f"instance:vllm_spark_running_requests:sum\n>= {ON_INST}\ninstance:vllm_spark_capacity_streams:sum{{{fm}}}\n"
+              f"instance:vllm_spark_running_requests:sum\n>= {ON_INST}\ninstance:vllm_spark_slo_capacity_streams:sum{{{fm}}}\n"
               f"and {ON_INST}\ninstance:vllm_spark_waiting_requests:sum > 0",
               "warning",
-              f"{{{{ $labels.instance }}}} is at its capacity at {floor:g} tok/s and requests are queueing",
-              f"{{{{ $labels.instance }}}} runs {{{{ $value }}}} streams, at or above the live capacity at {floor:g} tok/s per stream, "
-              "and requests are waiting: add a replica or shed load.", "5m"),
+              f"{{{{ $labels.instance }}}} is at its capacity under both SLOs at {floor:g} tok/s and requests are queueing",
+              f"{{{{ $labels.instance }}}} runs {{{{ $value }}}} streams, at or above the live capacity under both SLOs (TTFT and "
+              f"{floor:g} tok/s per stream), and requests are waiting: add a replica or shed load.", "5m"),
         Alert("VllmSparkQueueGrowing",
               "min_over_time(instance:vllm_spark_waiting_requests:sum[10m]) > 0\n"
               f"and {ON_INST}\nderiv(instance:vllm_spark_waiting_requests:sum[10m]) > 0",
@@ -258,7 +283,7 @@ def alerts(slo: SLOConfig) -> list[tuple[str, list[Alert]]]:
               f"instance:vllm_spark_step_prefill_tokens:per_step_2m > {PREFILL_STALL_TOKENS_PER_STEP}\n"
               f"and {ON_INST}\n"
               f"instance:vllm_spark_step_duration_seconds:mean2m > {num(PREFILL_STALL_STEP_JUMP)} * instance:vllm_spark_step_duration_seconds:mean1h\n"
-              f"and {ON_INST}\ninstance:vllm_spark_step_decode_tokens:per_stream_rate2m < {num(floor)}",
+              f"and {ON_INST}\ninstance:vllm_spark_generation_tokens:per_stream_rate2m < {num(floor)}",
               "warning",
               "Long prefills on {{ $labels.instance }} are stalling decode",
               f"Over 2 m the engine scheduled {{{{ $value | printf \"%.0f\" }}}} prefill tokens per step (> {PREFILL_STALL_TOKENS_PER_STEP}), "

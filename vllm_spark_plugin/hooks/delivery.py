@@ -8,7 +8,7 @@ exception leaves the wrapper except the stream's own (cancellation, engine error
 """
 from __future__ import annotations
 
-import time
+from time import monotonic
 
 from vllm_spark_plugin.metrics import errors
 from vllm_spark_plugin.metrics.delivery import Delivery, not_streamed
@@ -37,9 +37,12 @@ def _kind(args, kwargs):
     return getattr(getattr(sp, "output_kind", None), "name", None)
 
 
-def _tokens(out, cumulative: bool) -> int:
-    # DELTA: the new tokens of each sequence; CUMULATIVE: every token so far
-    return sum(len(c.token_ids) for c in out.outputs) if out.outputs else 0
+def _tokens(out) -> int:
+    """Tokens in one output (DELTA: the new ones; CUMULATIVE: all so far), summed over sequences."""
+    outs = out.outputs
+    if len(outs) == 1:  # n=1, the common case: no generator on the hot path
+        return len(outs[0].token_ids)
+    return sum(len(c.token_ids) for c in outs)
 
 
 async def generate(self, *args, **kwargs):
@@ -49,7 +52,7 @@ async def generate(self, *args, **kwargs):
     if sink is not None:
         try:
             kind = _kind(args, kwargs)
-            track = Delivery(time.monotonic(), cumulative=kind == "CUMULATIVE") if kind != "FINAL_ONLY" else False
+            track = Delivery(monotonic(), cumulative=kind == "CUMULATIVE") if kind != "FINAL_ONLY" else False
         except Exception as exc:
             errors.report("delivery", exc)
     try:
@@ -60,7 +63,7 @@ async def generate(self, *args, **kwargs):
                         if out.finished:
                             _finish_whole(out, sink)
                     else:
-                        track.see(time.monotonic(), _tokens(out, track.cumulative))
+                        track.see(monotonic(), _tokens(out))
                         if out.finished:
                             sink(track.result())
                 except Exception as exc:
@@ -73,7 +76,7 @@ async def generate(self, *args, **kwargs):
 
 def _finish_whole(out, sink) -> None:
     m = getattr(out, "metrics", None)
-    tokens = sum(len(c.token_ids) for c in out.outputs) if out.outputs else 0
+    tokens = _tokens(out)
     ttft = getattr(m, "first_token_latency", None)
     first, last = getattr(m, "first_token_ts", None), getattr(m, "last_token_ts", None)
     window = last - first if isinstance(first, (int, float)) and isinstance(last, (int, float)) else None
