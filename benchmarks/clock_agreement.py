@@ -28,21 +28,21 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # the test bed's client and scrape helpers
 
-from support.load import run_streams  # noqa: E402
-from support.scrape import buckets, delta_buckets, histogram_quantile, value, wait_idle  # noqa: E402
+from support.load import measured_waves, run_streams  # noqa: E402
+from support.scrape import buckets, delta_buckets, histogram_quantile, value  # noqa: E402
 
 P = "vllm_spark_"
 RESULTS = ROOT / "benchmarks" / "results"
 
 
-def one_round(base_url: str, metrics_url: str, model: str, c: int, tokens: int, tag: str) -> dict:
-    before = wait_idle(metrics_url)
-    streams = run_streams(base_url, model, c, max_tokens=tokens, prompt_prefix=tag)
-    after = wait_idle(metrics_url)
+def one_round(server, c: int, tokens: int, tag: str) -> dict:
+    run = measured_waves(server, c, 1, tokens, tag)
+    before, after, streams = run["before"], run["after"], run["streams"]
 
     def server_median(name):
         return histogram_quantile(0.5, delta_buckets(buckets(after, name), buckets(before, name)))
@@ -68,23 +68,23 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(RESULTS / "clock_agreement.json"))
     a = ap.parse_args(argv)
 
-    server = None
+    server = started = None
     if a.endpoint:
-        base, model = a.endpoint.rstrip("/"), a.model
+        base = a.endpoint.rstrip("/")
+        server = SimpleNamespace(base_url=base, metrics_url=base + "/metrics", model=a.model)
     else:
         from vllm_spark_plugin.testbed.server import VllmServer, prioritize_client
         from vllm_spark_plugin.testbed.tiny_model import ensure_tiny_model
         print("starting a CPU vllm serve of the tiny model with the plugin ...", flush=True)
-        server = VllmServer(model_path=str(ensure_tiny_model())).start(timeout=900)
+        server = started = VllmServer(model_path=str(ensure_tiny_model())).start(timeout=900)
         server.prioritize_frontend()
         prioritize_client()
-        base, model = server.base_url, server.model
     rows = []
     try:
-        run_streams(base, model, 2, max_tokens=16, prompt_prefix="warm-up")
+        run_streams(server.base_url, server.model, 2, max_tokens=16, prompt_prefix="warm-up")
         for r in range(a.rounds):
             for c in a.concurrency:
-                row = one_round(base, base + "/metrics", model, c, a.tokens, f"r{r}c{c}")
+                row = one_round(server, c, a.tokens, f"r{r}")
                 row["round"] = r
                 rows.append(row)
                 cm = row["client_median"]
@@ -93,8 +93,8 @@ def main(argv=None) -> int:
                       f"({row['engine_median'] / cm:5.3f})  streams {row['streams']} "
                       f"rated client/server {row['client_rated']}/{row['server_rated']:.0f}", flush=True)
     finally:
-        if server is not None:
-            server.stop()
+        if started is not None:
+            started.stop()
     summary = {}
     for c in a.concurrency:
         mine = [x for x in rows if x["concurrency"] == c and x["client_median"]]

@@ -14,8 +14,8 @@ import statistics
 
 import pytest
 
-from support.load import run_streams
-from support.scrape import buckets, delta_buckets, histogram_quantile, value, wait_idle
+from support.load import measured_waves
+from support.scrape import buckets, delta_buckets, histogram_quantile, value
 
 pytestmark = pytest.mark.server
 
@@ -27,16 +27,7 @@ TOKENS = 512  # a few seconds per stream: a short stall of this 2-core test bed'
 
 @pytest.fixture(scope="module")
 def runs(vllm_server):
-    out = {}
-    for c, waves in WAVES.items():
-        before = wait_idle(vllm_server.metrics_url)
-        streams = []
-        for w in range(waves):
-            streams += run_streams(vllm_server.base_url, vllm_server.model, c, max_tokens=TOKENS,
-                                   prompt_prefix=f"clock c{c}w{w}")
-        after = wait_idle(vllm_server.metrics_url)
-        out[c] = dict(before=before, after=after, streams=streams)
-    return out
+    return {c: measured_waves(vllm_server, c, waves, TOKENS, "clock ") for c, waves in WAVES.items()}
 
 
 def _delta(r, name):

@@ -23,8 +23,8 @@ import time
 
 import pytest
 
-from support.load import run_streams
-from support.scrape import scrape, value, wait_idle
+from support.load import measured_waves
+from support.scrape import scrape, value
 from conftest import SLO_BOUNDARY_TTFT_SECONDS
 from vllm_spark_plugin.definitions import SLO_MET, SLO_OUTCOMES, slo_outcome
 
@@ -45,16 +45,8 @@ def _server_counts(after: dict, before: dict, name: str, floor: float) -> dict[s
 @pytest.fixture(scope="module")
 def slo_run(vllm_server):
     """Both phases, one after the other; per phase: the client's streams and the counter deltas."""
-    out = []
-    for c, waves, floor in PHASES:
-        before = wait_idle(vllm_server.metrics_url)
-        streams = []
-        for w in range(waves):
-            streams += run_streams(vllm_server.base_url, vllm_server.model, c, max_tokens=MAX_TOKENS,
-                                   prompt_prefix=f"slo-c{c}w{w}")
-        after = wait_idle(vllm_server.metrics_url)
-        out.append(dict(concurrency=c, floor=floor, streams=streams, before=before, after=after))
-    return out
+    return [dict(concurrency=c, floor=floor, **measured_waves(vllm_server, c, waves, MAX_TOKENS, "slo-"))
+            for c, waves, floor in PHASES]
 
 
 def _client(streams, floor: float, ttft_slo: float = TTFT_SLO) -> tuple[collections.Counter, int]:
@@ -124,13 +116,7 @@ def test_ttft_slo_and_capacity_series_are_exported(slo_run, vllm_server):
 
 @pytest.fixture(scope="module")
 def boundary_run(slo_boundary_server):
-    srv = slo_boundary_server
-    before = wait_idle(srv.metrics_url)
-    streams = []
-    for w in range(2):
-        streams += run_streams(srv.base_url, srv.model, 16, max_tokens=MAX_TOKENS, prompt_prefix=f"slo-boundary-w{w}")
-    after = wait_idle(srv.metrics_url)
-    return dict(streams=streams, before=before, after=after)
+    return measured_waves(slo_boundary_server, 16, 2, MAX_TOKENS, "slo-boundary-")
 
 
 def test_near_the_ttft_slo_both_sides_agree_on_95_percent_and_some_miss(boundary_run):

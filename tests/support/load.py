@@ -62,3 +62,15 @@ def run_streams_with_arrivals(base_url: str, model: str, concurrency: int, max_t
                      for i in range(concurrency)]
             return await asyncio.gather(*coros)
     return asyncio.run(main())
+
+
+def measured_waves(server, concurrency: int, waves: int, max_tokens: int, tag: str) -> dict:
+    """`waves` rounds of `concurrency` streams between two idle scrapes of the server's /metrics:
+    {"before": scrape, "after": scrape, "streams": [StreamTiming, ...]}."""
+    from support.scrape import wait_idle
+    before = wait_idle(server.metrics_url)
+    streams = []
+    for w in range(waves):
+        streams += run_streams(server.base_url, server.model, concurrency, max_tokens=max_tokens,
+                               prompt_prefix=f"{tag}c{concurrency}w{w}")
+    return dict(before=before, after=wait_idle(server.metrics_url), streams=streams)

@@ -5,7 +5,8 @@ engine core), `channel` (how engine core and workers reach the API server), `sta
 stats objects), `stat_logger` (the stat-logger entry, API server), `delivery` (the clock the
 client sees, API server), `nvfp4_claim` and
 `nvfp4_methods` (the quantization config and its layer methods), `startup` (the unified-memory
-snapshot before the engine builds its workers), `roles`.
+snapshot before the engine builds its workers), `after_import` (patching a module once vLLM imports
+it), `roles`.
 
 Every place where the plugin patches or subclasses vLLM is listed in `PATCHES`: what it touches,
 why, the releases it was checked on, and what would let it go.  Adding a release to the window means

@@ -8,10 +8,9 @@ Registered in `hooks.PATCHES`; switched on only when `vllm.capabilities.step_hoo
 from __future__ import annotations
 
 import logging
-import sys
 import time
 
-from vllm_spark_plugin.hooks import channel
+from vllm_spark_plugin.hooks import after_import, channel
 from vllm_spark_plugin.vllm.capabilities import SCHEDULER_MODULE
 
 log = logging.getLogger("vllm_spark_plugin")
@@ -73,51 +72,12 @@ def _sampled_tokens(so, mro) -> int:
     return sum(len(t) for t in sampled) if sampled is not None else -1
 
 
-class _AfterImport:
-    """A meta-path finder that runs `fn(module)` right after `name` is imported.
-
-    The hook is installed in every process, but only the engine core imports the scheduler; waiting
-    for its import spares the API server and the workers a second of start-up imports.
-    """
-
-    def __init__(self, name: str, fn) -> None:
-        self.name, self.fn = name, fn
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname != self.name:
-            return None
-        import importlib.machinery
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None:
-            return None
-        exec_module, fn = spec.loader.exec_module, self.fn
-
-        def exec_and_patch(module):
-            exec_module(module)
-            fn(module)
-        spec.loader.exec_module = exec_and_patch
-        return spec
-
-
 def install(on_error) -> None:
     """Wrap the v1 Scheduler now, or as soon as its module is imported (engine core only)."""
 
-    def patch(module):
-        try:
-            from vllm_spark_plugin.vllm import capabilities
-            cap = capabilities.step_hook()
-            if not cap.ok:
-                log.warning("vllm-spark-plugin: per-step hook off in this engine core: %s", cap.reason)
-                return
-            patch_scheduler(module.Scheduler, on_error)
-        except Exception as exc:
-            on_error("scheduler_hook_install", exc)
-
-    module = sys.modules.get(SCHEDULER_MODULE)
-    if module is not None:
-        patch(module)
-    elif not any(isinstance(f, _AfterImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport(SCHEDULER_MODULE, patch))
+    after_import.patch_when_imported(SCHEDULER_MODULE, "step_hook",
+                                     lambda module: patch_scheduler(module.Scheduler, on_error), on_error,
+                                     "scheduler_hook_install", "per-step hook off in this engine core")
 
 
 def _engine_index(scheduler) -> int:

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import functools
 import logging
-import sys
 
+from vllm_spark_plugin.hooks import after_import
 from vllm_spark_plugin.vllm.capabilities import EXECUTOR_MODULE
 
 log = logging.getLogger("vllm_spark_plugin")
@@ -34,47 +34,12 @@ CPU_KV_UNSET = ("CPU build: vLLM compares gpu_memory_utilization {util:.2f} x th
                 "node's available memory, not with CUDA's free memory")
 
 
-class _PatchAfterImport:
-    """A meta-path finder that runs `fn(module)` right after `name` is imported."""
-
-    def __init__(self, name: str, fn) -> None:
-        self.name, self.fn = name, fn
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname != self.name:
-            return None
-        import importlib.machinery
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None:
-            return None
-        exec_module, fn = spec.loader.exec_module, self.fn
-
-        def exec_and_patch(module):
-            exec_module(module)
-            fn(module)
-        spec.loader.exec_module = exec_and_patch
-        return spec
-
-
 def install(on_error) -> None:
     """Wrap `Executor.__init__` now, or as soon as vLLM imports its module."""
 
-    def patch(module):
-        try:
-            from vllm_spark_plugin.vllm import capabilities
-            cap = capabilities.startup_snapshot()
-            if not cap.ok:
-                log.warning("vllm-spark-plugin: no unified-memory snapshot at engine start-up: %s", cap.reason)
-                return
-            patch_executor(module.Executor, on_error)
-        except Exception as exc:
-            on_error("startup_snapshot_install", exc)
-
-    module = sys.modules.get(EXECUTOR_MODULE)
-    if module is not None:
-        patch(module)
-    elif not any(isinstance(f, _PatchAfterImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _PatchAfterImport(EXECUTOR_MODULE, patch))
+    after_import.patch_when_imported(EXECUTOR_MODULE, "startup_snapshot",
+                                     lambda module: patch_executor(module.Executor, on_error), on_error,
+                                     "startup_snapshot_install", "no unified-memory snapshot at engine start-up")
 
 
 def patch_executor(Executor, on_error) -> None:
