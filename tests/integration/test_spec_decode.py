@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import statistics
 import time
 import urllib.parse
 from pathlib import Path
@@ -20,8 +19,7 @@ import yaml
 
 from support.load import run_streams_with_arrivals
 from support.prom import PrometheusProcess
-from support.scrape import buckets, delta_buckets, histogram_quantile, scrape, value, wait_idle
-from vllm_spark_plugin.bench.client import is_bunched
+from support.scrape import buckets, delta_buckets, scrape, value, wait_idle
 from vllm_spark_plugin.grafana import dashboards, iter_panel_queries
 
 pytestmark = pytest.mark.server
@@ -138,30 +136,6 @@ def test_per_stream_rate_counts_tokens_like_vllm(spec_load):
         assert harmonic * (1 - 1e-9) <= mean_rate <= harmonic * kantorovich * (1 + 1e-9), (
             f"concurrency {c}: plugin mean {mean_rate:.1f} tok/s, vLLM harmonic mean {harmonic:.1f} tok/s, "
             f"rates within [{lo:g}, {hi:g}]")
-
-
-def test_per_stream_rate_consistent_with_the_clients(spec_load):
-    """The exporter's median per-stream rate against the client's over the same streams (all
-    concurrencies pooled), one-sided.  A rate counting steps instead of tokens would sit near
-    client / (tokens per stream-step); the bound is the geometric midpoint between that and the
-    client's median, a factor sqrt(tokens per stream-step) of slack for the two clocks.  No upper
-    bound: timing on two shared cores is not compared both ways.  Streams the test bed delivered in a
-    few bursts carry no client timing (the benchmark's rule)."""
-    first, last = spec_load["first"], spec_load["last"]
-    streams = [s for ph in spec_load["phases"] for s in ph["streams"]]
-    arrivals = [a for ph in spec_load["phases"] for a in ph["arrivals"]]
-    timed = [s for s, a in zip(streams, arrivals) if not is_bunched(s.output_tokens, a)]
-    assert len(timed) >= len(streams) / 2, f"{len(timed)} of {len(streams)} streams timed; arrivals {arrivals}"
-    d = delta_buckets(buckets(last, P + "stream_decode_tokens_per_second"),
-                      buckets(first, P + "stream_decode_tokens_per_second"))
-    server_median = histogram_quantile(0.5, d)
-    client_median = statistics.median(s.decode_rate for s in timed)
-    tps = _delta(last, first, P + "generation_tokens_total") / _delta(last, first, P + "step_batch_size_sum")
-    bound = client_median / math.sqrt(tps)
-    figures = (f"server median {server_median:.0f} tok/s, client median {client_median:.0f} tok/s over {len(timed)} "
-               f"of {len(streams)} streams, {tps:.2f} tokens per stream-step (bound {bound:.0f} tok/s)")
-    print("\n" + figures)
-    assert server_median >= bound, figures
 
 
 def _knee_gauges(url: str, timeout: float = 30.0) -> dict:

@@ -21,7 +21,7 @@ NOBODY = 65534
 def _unprivileged_attempt() -> dict:
     if os.geteuid() == 0:
         # back to the default priority first: in a full run the session has already raised this
-        # process's priority (as root), and a child at -10 asking for -10 would change nothing
+        # process's priority (as root), and a child at -15 asking for -15 would change nothing
         os.setpriority(os.PRIO_PROCESS, 0, 0)
         os.setgroups([])
         os.setegid(NOBODY)

@@ -3,11 +3,18 @@ server iterates and writes to the client, to time each output where it leaves vL
 (`metrics.delivery`).  API-server process only; installed by the stat logger, which owns the
 exporter the finished requests go to.  Registered in `hooks.PATCHES`.
 
+A request's clock starts when its HTTP request reaches the API server's application: the wrap of
+Starlette's ASGI entry (`Starlette.__call__`, the app every vLLM release serves) stamps the arrival in
+a context variable that the request's task, and the tasks it starts, carry to `generate`.  So the
+time a request waits in an overloaded API server before vLLM sees it counts in its TTFT, as it does
+for its client.  Without Starlette (or outside an HTTP request) the clock starts at `generate`.
+
 Per output: one clock read, a token count and two stores; nothing else on the hot path.  No
 exception leaves the wrapper except the stream's own (cancellation, engine errors), untouched.
 """
 from __future__ import annotations
 
+import contextvars
 from time import monotonic
 
 from vllm_spark_plugin.metrics import errors
@@ -15,7 +22,9 @@ from vllm_spark_plugin.metrics.delivery import Delivery, not_streamed
 from vllm_spark_plugin.vllm import capabilities
 
 _ORIGINAL = None
+_ORIGINAL_APP_CALL = None
 _sink = None  # callable(Delivered), set by install(); None: the wrapper only passes outputs through
+_ARRIVAL: contextvars.ContextVar = contextvars.ContextVar("vllm_spark_http_arrival", default=None)
 
 
 def install(sink) -> bool:
@@ -29,7 +38,24 @@ def install(sink) -> bool:
     _ORIGINAL = cls.generate
     generate.__wrapped__ = _ORIGINAL  # the probe (and inspect) read vLLM's own signature
     cls.generate = generate
+    _stamp_http_arrivals()
     return True
+
+
+def _stamp_http_arrivals() -> None:
+    global _ORIGINAL_APP_CALL
+    app = capabilities.asgi_app_class()
+    if app is None or _ORIGINAL_APP_CALL is not None:
+        return
+    _ORIGINAL_APP_CALL = app.__call__
+    app_call.__wrapped__ = _ORIGINAL_APP_CALL
+    app.__call__ = app_call
+
+
+async def app_call(self, scope, receive, send):
+    if scope.get("type") == "http":
+        _ARRIVAL.set(monotonic())  # this request's task and its children see it
+    return await _ORIGINAL_APP_CALL(self, scope, receive, send)
 
 
 def _kind(args, kwargs):
@@ -52,7 +78,8 @@ async def generate(self, *args, **kwargs):
     if sink is not None:
         try:
             kind = _kind(args, kwargs)
-            track = Delivery(monotonic(), cumulative=kind == "CUMULATIVE") if kind != "FINAL_ONLY" else False
+            start = _ARRIVAL.get() or monotonic()
+            track = Delivery(start, cumulative=kind == "CUMULATIVE") if kind != "FINAL_ONLY" else False
         except Exception as exc:
             errors.report("delivery", exc)
     try:

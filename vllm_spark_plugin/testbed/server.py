@@ -59,10 +59,11 @@ def is_cpu_vllm() -> bool:
         return False
 
 
-def prioritize_client(niceness: int = -10) -> bool:
-    """Let this (client) process, and the processes it starts, preempt the engine's compute threads,
-    so token arrivals are timed when they happen (see VllmServer.prioritize_frontend).  Needs root;
-    returns False when not permitted."""
+def prioritize_client(niceness: int = -15) -> bool:
+    """Let this (client) process, and the processes it starts, preempt the engine's compute threads
+    and the API server (at -10, VllmServer.prioritize_frontend), so token arrivals are timed when they
+    happen: a real client has a machine of its own, and a test client that falls behind reading its
+    streams would time its own backlog.  Needs root; returns False when not permitted."""
     try:
         os.setpriority(os.PRIO_PROCESS, 0, niceness)
         return True

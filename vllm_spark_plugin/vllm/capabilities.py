@@ -157,6 +157,20 @@ def engine_client_class():
     return _attr(ENGINE_CLIENT)
 
 
+def asgi_app_class():
+    """Starlette, the ASGI application class vLLM's OpenAI server is built on; None when it is not
+    importable or its entry is not `async __call__(scope, receive, send)` (the clock then starts at
+    `generate`)."""
+    try:
+        app = _attr("starlette.applications:Starlette")
+        call = inspect.unwrap(app.__call__)
+        if inspect.iscoroutinefunction(call) and _params(call)[:4] == ["self", "scope", "receive", "send"]:
+            return app
+    except Exception:
+        pass
+    return None
+
+
 def _check_delivery_clock() -> str:
     cls = engine_client_class()
     if not inspect.isasyncgenfunction(getattr(cls, "generate", None)):
@@ -169,7 +183,8 @@ def _check_delivery_clock() -> str:
     if missing:
         raise LookupError(f"RequestOutputKind lacks {', '.join(missing)}")
     _attr("vllm.outputs:RequestOutput")
-    return "AsyncLLM.generate (async generator of RequestOutput) and RequestOutputKind"
+    start = "HTTP arrival (Starlette)" if asgi_app_class() is not None else "generate() (no Starlette entry)"
+    return f"AsyncLLM.generate (async generator of RequestOutput) and RequestOutputKind; clock from {start}"
 
 
 def delivery_clock() -> Capability:
