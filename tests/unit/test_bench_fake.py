@@ -481,7 +481,10 @@ def test_ctrl_c_leaves_valid_partial_results(tmp_path):
         proc = subprocess.Popen([sys.executable, "-m", "vllm_spark_plugin.cli", "bench", "--endpoint", url,
                                  "--levels", "1,2,4,8,16,32", "--trials", "2", "--workload", "code",
                                  "--output-tokens", "60", "--out", str(out)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env,
+                                # Ctrl-C's default action, even where this suite runs from a shell that
+                                # ignores SIGINT for its background jobs (children inherit SIG_IGN)
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         # interrupt once the first level is measured, by the bench's own progress (not a wall-clock
         # poll, which a slow machine can let run to the end of the sweep)
         seen = []
