@@ -245,13 +245,14 @@ def test_rates_match_known_timings_and_all_outputs_written(fake, tmp_path, capsy
     assert len(trials) == 10 and {t["trial"] for t in trials} == {"1", "2"}
     # The client times tokens on the wall clock, where a busy machine only makes the fake's steps
     # later: rates are bounded above by the engine's (with slack for the client's own delays) and
-    # below with room for a slow machine.  The exact rates, knee and capacity: the sweep on the
+    # below with room for a slow machine (a quarter: the box once ran this at 0.48 of the engine's
+    # rate with stray servers loading it).  The exact rates, knee and capacity: the sweep on the
     # simulated clock (test_sweep_on_the_simulated_clock_gives_the_exact_curve_knee_and_capacity).
     for p in points:
         c = int(p["concurrency"])
         step = alpha + beta * c
-        assert 0.5 / step <= float(p["per_stream_median_tps"]) <= 1.10 / step, p
-        assert 0.5 * c / step <= float(p["aggregate_tps"]) <= 1.12 * c / step, p
+        assert 0.25 / step <= float(p["per_stream_median_tps"]) <= 1.10 / step, p
+        assert 0.25 * c / step <= float(p["aggregate_tps"]) <= 1.12 * c / step, p
         assert float(p["per_stream_min_tps"]) <= float(p["per_stream_median_tps"])
         assert 0 < float(p["ttft_p50_s"]) <= float(p["ttft_p90_s"]) <= float(p["ttft_p99_s"]) < 1.0
         assert int(p["requests"]) == int(p["completed"]) == 2 * c and int(p["errors"]) == 0
@@ -265,7 +266,7 @@ def test_rates_match_known_timings_and_all_outputs_written(fake, tmp_path, capsy
     for r in streams:
         step = alpha + beta * int(r["concurrency"])
         assert int(r["output_tokens"]) == TOKENS and r["short"] == "0" and r["bunched"] == "0" and not r["error"]
-        assert 0.5 / step <= float(r["decode_tps"]) <= 1.15 / step
+        assert 0.25 / step <= float(r["decode_tps"]) <= 1.15 / step
         assert float(r["decode_tps"]) == pytest.approx((TOKENS - 1) / float(r["decode_s"]), rel=1e-4)
 
     summary = json.loads((out / "summary.json").read_text())
