@@ -107,22 +107,21 @@ def test_leave_one_source_out_keeps_the_models_own_factors(loso):
         assert (r["model_factors"] is not None) == (r["id"] in seen_elsewhere), r["id"]
 
 
-# The targets.  Not met yet (docs/plan.md, "What the remaining misses are"): strict, so that
-# meeting one turns its test into a failure until the marker is removed.
-_NOT_MET = "target not met yet: docs/plan.md, 'What the remaining misses are'"
+# The targets (uncalibrated median <= 10%, worst <= 30%, leave-one-model-out calibration
+# better than none) are not met yet: docs/plan.md, "What the remaining misses are".  What is gated is
+# that the planner does not move away from them: the figures as they stand (10.8%, 72.7%, 14.0%
+# against 10.8% uncalibrated), each with a little room, tightened as the targets come closer.
+def test_uncalibrated_errors_do_not_grow_past_where_they_stand(loso):
+    s = summary(loso)["all"]
+    assert s["median_uncalibrated"] <= 0.110, s
+    assert s["worst_uncalibrated"] <= 0.75, s
 
 
-@pytest.mark.xfail(strict=True, reason=_NOT_MET)
-def test_target_uncalibrated_median_within_10_percent(loso):
-    assert summary(loso)["all"]["median_uncalibrated"] <= 0.10
-
-
-@pytest.mark.xfail(strict=True, reason=_NOT_MET)
-def test_target_uncalibrated_worst_within_30_percent(loso):
-    assert summary(loso)["all"]["worst_uncalibrated"] <= 0.30
-
-
-@pytest.mark.xfail(strict=True, reason=_NOT_MET)
-def test_target_leave_one_model_out_calibration_improves_the_median(lomo):
+def test_leave_one_model_out_calibration_costs_no_more_than_it_does_now(lomo):
     s = summary(lomo)["all"]
-    assert s["median_calibrated"] < s["median_uncalibrated"]
+    assert s["median_calibrated"] <= 0.145, s
+
+
+def test_leave_one_source_out_calibration_improves_the_median(loso):
+    s = summary(loso)["all"]
+    assert s["median_calibrated"] < s["median_uncalibrated"], s
