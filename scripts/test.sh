@@ -28,6 +28,9 @@ if [ "${1:-}" = "--fast" ]; then
 fi
 
 bash scripts/setup.sh
+# the 0.33.0 CUDA build's libraries are what the FP4 kernel-payload checks read (tests/contract):
+# made here, before the tiers, not left to the release-window step that comes after them
+bash scripts/release-env.sh 0.33.0 cuda
 rc=0
 run_pytest .venv/bin/python -ra --durations=15 "$@" || rc=$?
 if [ $# -eq 0 ]; then

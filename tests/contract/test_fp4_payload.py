@@ -22,8 +22,15 @@ ROOT = Path(__file__).resolve().parents[2]
 RELEASES = Path(os.environ.get("SPARK_RELEASES_DIR")
                 or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vllm-spark" / "releases")
 ENV_033 = RELEASES / "vllm-0.33.0"
-needs_033 = pytest.mark.skipif(not (ENV_033 / "bin" / "python").exists(),
-                               reason=f"no vLLM 0.33.0 environment at {ENV_033} (bash scripts/release-env.sh 0.33.0)")
+@pytest.fixture
+def env_033():
+    """The 0.33.0 CUDA build's environment, made by scripts/test.sh before the tiers."""
+    assert (ENV_033 / "bin" / "python").exists(), (
+        f"no vLLM 0.33.0 environment at {ENV_033}: bash scripts/release-env.sh 0.33.0 cuda")
+    return ENV_033
+
+
+needs_033 = pytest.mark.usefixtures("env_033")
 GB10 = (12, 1)
 
 
