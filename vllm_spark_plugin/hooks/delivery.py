@@ -28,7 +28,7 @@ _ARRIVAL: contextvars.ContextVar = contextvars.ContextVar("vllm_spark_http_arriv
 
 
 def install(sink) -> bool:
-    """Wrap AsyncLLM.generate once per process; later calls only replace the sink."""
+    """Wrap AsyncLLM.generate (and stamp HTTP arrivals) once per process; the first sink stays."""
     global _ORIGINAL, _sink
     if _sink is None:  # one sink per process: the first engine's (data parallelism: see README)
         _sink = sink
@@ -74,7 +74,7 @@ def _tokens(out) -> int:
 async def generate(self, *args, **kwargs):
     inner = _ORIGINAL(self, *args, **kwargs)
     sink = _sink
-    track = None
+    track = None  # None: not timed; False: answered in one piece; else the request's Delivery
     if sink is not None:
         try:
             kind = _kind(args, kwargs)
