@@ -32,6 +32,7 @@ from vllm_spark_plugin.bench.stats import summarize
 from vllm_spark_plugin.cli import main as vllm_spark
 from vllm_spark_plugin.definitions import StreamTiming, SweepPoint, aggregate_throughput, capacity_at_floor
 from vllm_spark_plugin.knee.fit import fit_points
+from vllm_spark_plugin.knee.online import OnlineKneeEstimator
 from vllm_spark_plugin.testbed.fake_server import FakeConfig, FakeServer, SimulatedClock
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -143,6 +144,36 @@ def test_sweep_on_the_simulated_clock_gives_the_exact_curve_knee_and_capacity(si
     assert fit.alpha_seconds == pytest.approx(alpha, rel=1e-6)
     assert fit.beta_seconds == pytest.approx(beta, rel=1e-6)
     assert fit.knee == pytest.approx(alpha / beta, rel=1e-6)
+
+
+def test_live_and_sweep_knee_agree_on_the_same_steps(simulated):
+    """The two estimators of K on one load ramp whose timing the test controls: the online estimator
+    fed the engine's steps (what the scheduler hook hands it), and the offline fit of the sweep's
+    client-side points (the seed definitions on the streams' token times).  Prompts cost prefill
+    time in their first step, which the online fit prices (gamma) and the decode rate never sees.  On a real server the same comparison is a measurement: benchmarks/knee_agreement.py."""
+    alpha, beta, gamma, n = 0.012, 0.0008, 0.0002, 40
+    srv, clock = simulated(alpha=alpha, beta=beta, prefill_per_token=gamma)
+    points = []
+    for c in (1, 2, 4, 8, 16, 32):
+        before = set(srv.timings)
+        prompts = [(" ".join(f"ramp{c}-{i}-w{w}" for w in range(50)), n) for i in range(c)]
+        stream_on_simulated_clock(srv, clock, [prompts], [20.0])
+        timings = [server_timing(srv, rid) for rid in srv.timings if rid not in before]
+        m = summarize([timings], [timings[0].last_token - timings[0].start])
+        points.append(SweepPoint(concurrency=c, per_stream_tokens_per_second=m.per_stream_median_tps,
+                                 aggregate_tokens_per_second=m.aggregate_tps, ttft_p50_seconds=m.ttft_p50_s))
+    assert [b for b, p, _ in srv.steps if p] == [1, 2, 4, 8, 16, 32]  # one prefill step per level
+    est = OnlineKneeEstimator(clock=lambda: 0.0)
+    for b, p, t in srv.steps:
+        est.observe(b, p, t)
+    live = est.estimate(force=True)
+    offline = fit_points(points, floors=(20,), bootstrap=0)
+    assert live.alpha_seconds == pytest.approx(alpha, rel=1e-6)
+    assert live.beta_seconds == pytest.approx(beta, rel=1e-6)
+    assert live.gamma_seconds_per_prefill_token == pytest.approx(gamma, rel=1e-6)
+    assert live.knee == pytest.approx(offline.knee, rel=1e-6)
+    assert live.knee == pytest.approx(alpha / beta, rel=1e-6)
+    assert live.capacity_at(20) == offline.capacity_at(20) == int((1 / 20 - alpha) / beta)
 
 
 def test_prefill_stall_is_exact_on_the_simulated_clock(simulated):

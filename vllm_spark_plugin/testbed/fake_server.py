@@ -189,6 +189,9 @@ class FakeServer:
         # clock only (a load run on the wall clock would grow it without bound).
         self.timings: dict[str, RequestTimings] = {}
         self._record = isinstance(self.clock, SimulatedClock)
+        # Every engine step as (running streams, prompt tokens prefilled, seconds): what the plugin's
+        # scheduler hook hands the online knee estimator; kept under a simulated clock only.
+        self.steps: list[tuple[int, int, float]] = []
         self.requests_seen = 0
         self.dead = False
         self.max_batch_seen = 0
@@ -324,7 +327,10 @@ class FakeServer:
                 joining.append(self._waiting.popleft())
             batch = self._running + joining
             self.max_batch_seen = max(self.max_batch_seen, len(batch))
-            step = cfg.alpha + cfg.beta * len(batch) + cfg.prefill_per_token * sum(r.uncached for r in joining)
+            prefill = sum(r.uncached for r in joining)
+            step = cfg.alpha + cfg.beta * len(batch) + cfg.prefill_per_token * prefill
+            if self._record:
+                self.steps.append((len(batch), prefill, step))
             next_t = await clock.sleep_until(next_t + step)
             if self.dead:
                 continue
