@@ -28,11 +28,11 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # the test bed's client and scrape helpers
 
+from _serve import plugin_server  # noqa: E402
 from support.load import measured_waves, run_streams  # noqa: E402
 from support.scrape import buckets, delta_buckets, histogram_quantile, value  # noqa: E402
 
@@ -58,6 +58,21 @@ def one_round(server, c: int, tokens: int, tag: str) -> dict:
                 first_chunk_tokens=sorted(s.first_arrival_tokens for s in streams))
 
 
+def write(rows: list[dict], concurrency: list[int], out: Path) -> None:
+    summary = {}
+    for c in concurrency:
+        mine = [x for x in rows if x["concurrency"] == c and x["client_median"]]
+        if not mine:
+            continue
+        summary[c] = {k: statistics.median(x[k + "_median"] / x["client_median"] for x in mine)
+                      for k in ("delivery", "engine")}
+        print(f"c={c:3d}: median over {len(mine)} rounds of server/client median: delivery "
+              f"{summary[c]['delivery']:.3f}, engine {summary[c]['engine']:.3f}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"rows": rows, "summary": summary, "when": time.strftime("%F %T")}, indent=1))
+    print(f"wrote {out}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
@@ -68,43 +83,23 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(RESULTS / "clock_agreement.json"))
     a = ap.parse_args(argv)
 
-    server = started = None
-    if a.endpoint:
-        base = a.endpoint.rstrip("/")
-        server = SimpleNamespace(base_url=base, metrics_url=base + "/metrics", model=a.model)
-    else:
-        from vllm_spark_plugin.testbed.server import VllmServer, prioritize_client
-        from vllm_spark_plugin.testbed.tiny_model import ensure_tiny_model
-        print("starting a CPU vllm serve of the tiny model with the plugin ...", flush=True)
-        server = started = VllmServer(model_path=str(ensure_tiny_model())).start(timeout=900)
-        server.prioritize_frontend()
-        prioritize_client()
     rows = []
     try:
-        run_streams(server.base_url, server.model, 2, max_tokens=16, prompt_prefix="warm-up")
-        for r in range(a.rounds):
-            for c in a.concurrency:
-                row = one_round(server, c, a.tokens, f"r{r}")
-                row["round"] = r
-                rows.append(row)
-                cm = row["client_median"]
-                print(f"round {r} c={c:3d}: client {cm:7.1f} tok/s  delivery {row['delivery_median']:7.1f} "
-                      f"({row['delivery_median'] / cm:5.3f})  engine {row['engine_median']:7.1f} "
-                      f"({row['engine_median'] / cm:5.3f})  streams {row['streams']} "
-                      f"rated client/server {row['client_rated']}/{row['server_rated']:.0f}", flush=True)
+        with plugin_server(a.endpoint, a.model) as server:
+            run_streams(server.base_url, server.model, 2, max_tokens=16, prompt_prefix="warm-up")
+            for r in range(a.rounds):
+                for c in a.concurrency:
+                    row = one_round(server, c, a.tokens, f"r{r}")
+                    row["round"] = r
+                    rows.append(row)
+                    cm = row["client_median"]
+                    print(f"round {r} c={c:3d}: client {cm:7.1f} tok/s  delivery {row['delivery_median']:7.1f} "
+                          f"({row['delivery_median'] / cm:5.3f})  engine {row['engine_median']:7.1f} "
+                          f"({row['engine_median'] / cm:5.3f})  streams {row['streams']} "
+                          f"rated client/server {row['client_rated']}/{row['server_rated']:.0f}", flush=True)
     finally:
-        if started is not None:
-            started.stop()
-    summary = {}
-    for c in a.concurrency:
-        mine = [x for x in rows if x["concurrency"] == c and x["client_median"]]
-        summary[c] = {k: statistics.median(x[k + "_median"] / x["client_median"] for x in mine)
-                      for k in ("delivery", "engine")}
-        print(f"c={c:3d}: median over {len(mine)} rounds of server/client median: delivery "
-              f"{summary[c]['delivery']:.3f}, engine {summary[c]['engine']:.3f}")
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps({"rows": rows, "summary": summary, "when": time.strftime("%F %T")}, indent=1))
-    print(f"wrote {a.out}")
+        if rows:  # keep what was measured, also when the server went away mid-run
+            write(rows, a.concurrency, Path(a.out))
     return 0
 
 

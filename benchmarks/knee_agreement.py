@@ -26,11 +26,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # the test bed's scrape helpers
 
+from _serve import plugin_server  # noqa: E402
 from support.scrape import scrape, value  # noqa: E402
 
 from vllm_spark_plugin import cli  # noqa: E402
@@ -66,20 +66,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(RESULTS / "knee_agreement.json"))
     a = ap.parse_args(argv)
 
-    started = None
-    if a.endpoint:
-        base = a.endpoint.rstrip("/")
-        server = SimpleNamespace(base_url=base, metrics_url=base + "/metrics", model=a.model)
-    else:
-        from vllm_spark_plugin.testbed.server import VllmServer, prioritize_client
-        from vllm_spark_plugin.testbed.tiny_model import ensure_tiny_model
-        print("starting a CPU vllm serve of the tiny model with the plugin ...", flush=True)
-        server = started = VllmServer(model_path=str(ensure_tiny_model())).start(timeout=900)
-        server.prioritize_frontend()
-        prioritize_client()
     rows = []
     try:
-        with tempfile.TemporaryDirectory(prefix="knee-agreement-") as tmp:
+        with plugin_server(a.endpoint, a.model) as server, \
+                tempfile.TemporaryDirectory(prefix="knee-agreement-") as tmp:
             for r in range(a.rounds):
                 row = one_round(server, Path(tmp) / f"round{r}")
                 row["round"] = r
@@ -89,8 +79,6 @@ def main(argv=None) -> int:
                       f"(95% CI {lo if lo is None else round(lo, 1)} .. {hi if hi is None else round(hi, 1)})  "
                       f"live/sweep {row['ratio']:.3f}", flush=True)
     finally:
-        if started is not None:
-            started.stop()
         if rows:  # keep what was measured, also when the server went away mid-run
             summary = {"median_ratio": statistics.median(x["ratio"] for x in rows), "rounds": len(rows)}
             print(f"median over {len(rows)} rounds of live K / sweep K: {summary['median_ratio']:.3f}")
