@@ -13,7 +13,6 @@ import pytest
 from vllm.v1.engine import FinishReason
 from vllm.v1.metrics.stats import FinishedRequestStats, IterationStats, SchedulerStats
 
-from support.registry import fresh  # noqa: F401  (fixture)
 from vllm_spark_plugin.hooks.stat_logger import SparkStatLogger
 
 

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import types
 
-from support.registry import fresh  # noqa: F401  (fixture)
 from vllm_spark_plugin.hooks.stat_logger import SparkStatLogger
 
 MODEL = "first-scrape-model"

@@ -6,8 +6,6 @@ from __future__ import annotations
 import logging
 import types
 
-
-from support.registry import fresh  # noqa: F401  (fixture)
 from vllm_spark_plugin.hooks import scheduler as hook
 from vllm_spark_plugin.hooks import stat_logger as sl
 from vllm_spark_plugin.vllm import capabilities
