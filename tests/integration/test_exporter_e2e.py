@@ -27,24 +27,29 @@ def _wait_idle(server, timeout=60.0) -> dict:
 
 
 class KvWatcher(threading.Thread):
-    """Polls /metrics during a load to see KV blocks in use while requests run.
+    """Polls /metrics during a load to see KV blocks in use while requests run, and the most
+    requests vLLM's own gauge showed running.
 
-    It reads one line with a regex instead of parsing the page: a full parse holds the GIL long
+    It reads two lines with regexes instead of parsing the page: a full parse holds the GIL long
     enough to delay the streaming client in the same process and distort its token timings.
     """
 
     LINE = re.compile(rb"^vllm_spark_kv_blocks_used\{[^}]*\} ([0-9.e+]+)$", re.M)
+    RUNNING = re.compile(rb"^vllm:num_requests_running\{[^}]*\} ([0-9.e+]+)$", re.M)
 
     def __init__(self, url):
         super().__init__(daemon=True)
-        self.url, self.max_used, self.stop = url, 0.0, threading.Event()
+        self.url, self.max_used, self.max_running, self.stop = url, 0.0, 0.0, threading.Event()
 
     def run(self):
         while not self.stop.is_set():
             try:
                 with urllib.request.urlopen(self.url, timeout=5) as r:
-                    for m in self.LINE.finditer(r.read()):
-                        self.max_used = max(self.max_used, float(m.group(1)))
+                    page = r.read()
+                for m in self.LINE.finditer(page):
+                    self.max_used = max(self.max_used, float(m.group(1)))
+                for m in self.RUNNING.finditer(page):
+                    self.max_running = max(self.max_running, float(m.group(1)))
             except OSError:
                 pass
             time.sleep(0.5)  # each scrape renders the whole registry in the API server: not 10 a second
@@ -72,18 +77,27 @@ def _load_run(server, c: int, waves: int, tag: str = "") -> dict:
     watcher.stop.set()
     watcher.join()
     after = _wait_idle(server)
-    return dict(before=before, after=after, streams=streams, arrivals=arrivals, kv_max=watcher.max_used)
+    return dict(before=before, after=after, streams=streams, arrivals=arrivals, kv_max=watcher.max_used,
+                running_max=watcher.max_running)
 
 
 @pytest.mark.parametrize("c", [1, 4, 16])
 def test_batch_size_histogram_reaches_concurrency_and_not_above(load_runs, c):
+    """No step above the concurrency; and the histogram reaches as high as vLLM's own running gauge
+    went during the load (sampled every 0.5 s, so a lower bound of the largest batch).  Clients that
+    start c streams together usually make a batch of c, but not by construction: under a CPU hog
+    one of four requests reached the engine after the other three had run 1,000 steps, and vLLM's
+    gauge and the histogram both stopped at 3."""
     r = load_runs[c]
     d = delta_buckets(buckets(r["after"], P + "step_batch_size"), buckets(r["before"], P + "step_batch_size"))
     total = d[float("inf")]
     assert total > 0
     assert d[float(c)] == total, f"steps with more than {c} requests: {d}"
-    below = max(le for le in d if le < c) if c > 1 else 0.0
-    assert d[float(c)] - d.get(below, 0.0) > 0, f"no step reached batch {c}: {d}"
+    assert 1 <= r["running_max"] <= c, r["running_max"]
+    reached = int(r["running_max"])
+    below = max((le for le in d if le < reached), default=0.0)  # the bucket under `reached`
+    assert total - d.get(below, 0.0) > 0, f"vLLM showed {reached} running, the histogram no step that large: {d}"
+    print(f"\nc={c}: vLLM's gauge reached {reached} running; batch histogram {d}")
 
 
 @pytest.mark.parametrize("c", [1, 4, 16])
@@ -172,10 +186,14 @@ def test_aborted_requests_do_not_break_serving(vllm_server):
     asyncio.run(abort_some())
     time.sleep(2.0)  # past the step that would show them running, had the aborts not reached the engine
     aborted = _wait_idle(vllm_server)
-    gen = P + "generation_tokens_total"
-    # vLLM counts no finished request for an abort; what shows it reached the engine is that the four
-    # stopped far short of the 4 x 1,900 tokens they asked for
-    assert value(aborted, gen) - value(before, gen) < 1900
+    gen, fin = P + "generation_tokens_total", P + "requests_finished_total"
+    # An aborted request is not a finished one (vLLM reports none); a request whose hang-up never
+    # reached the engine runs to its 1,900 tokens and finishes.  So: none finished, and together they
+    # stopped short of the 4 x 1,900 tokens asked for.  (How soon an abort lands is the API server's
+    # timing: none had a token yet on a quiet box here, about 1,050 each under a CPU hog.)
+    print(f"\n4 aborted requests: {value(aborted, gen) - value(before, gen):.0f} tokens generated")
+    assert value(aborted, fin) - value(before, fin) == 0
+    assert value(aborted, gen) - value(before, gen) < 4 * 1900
     streams = run_streams(vllm_server.base_url, vllm_server.model, 2, max_tokens=16, prompt_prefix="after-abort")
     assert all(s.output_tokens == 16 for s in streams)
     s = _wait_idle(vllm_server)
