@@ -32,7 +32,15 @@ step() {  # step "what" command...: one line here, the command's output in the l
 
 if [ "${1:-}" = "--fast" ]; then
   [ -x .venv-fast/bin/python ] || step "virtual environment .venv-fast" "$PY" -m venv .venv-fast
-  step "plugin and pytest in .venv-fast (no vLLM)" .venv-fast/bin/pip install -e '.[test]'
+  # An editable install snapshots only pyproject.toml's metadata: reinstall when it or the clone changed.
+  stamp=".venv-fast/.installed-from"
+  want="$PWD $(sha256sum pyproject.toml | cut -d' ' -f1)"
+  if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
+    echo "setup: plugin and pytest in .venv-fast (no vLLM) ... up to date"
+  else
+    step "plugin and pytest in .venv-fast (no vLLM)" .venv-fast/bin/pip install -e '.[test]'
+    echo "$want" > "$stamp"
+  fi
   echo "setup: done (fast tier; log: $LOG)"
   exit 0
 fi

@@ -23,7 +23,8 @@ run_pytest() {  # run_pytest PYTHON args...: pytest's exit code, with "no tests 
 if [ "${1:-}" = "--fast" ]; then
   shift
   bash scripts/setup.sh --fast
-  run_pytest .venv-fast/bin/python -q -m unit tests/unit "$@"
+  # one worker per core: the unit tier has no shared server, each test its own fake and registry
+  run_pytest .venv-fast/bin/python -q -m unit -n auto tests/unit "$@"
   exit $?
 fi
 
