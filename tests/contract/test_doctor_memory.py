@@ -1,4 +1,4 @@
-"""`vllm-spark doctor`'s unified-memory and ignored-setting checks (vllm_spark_plugin/doctor_memory.py).
+"""`vllm-spark doctor`'s unified-memory and ignored-setting checks (vllm_spark_plugin/doctor/memory.py).
 
 Each seeded misconfiguration goes in through a seam doctor already has: `Probe.meminfo_path` (the
 recorded GB10 /proc/meminfo states), `Probe.extra["kernel_log_path"]` (a file in /dev/kmsg format with
@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_spark_plugin import doctor, doctor_memory
+from vllm_spark_plugin import doctor
+from vllm_spark_plugin.doctor import memory as doctor_memory
 
 DATA = Path(__file__).resolve().parents[1] / "unit" / "data" / "memory_sources"
 GB10_NO_MEMORY = ("NVRM: nvCheckOkFailedNoLog: Check failed: Out of memory [NV_ERR_NO_MEMORY] (0x00000051) "

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from support import fatbin_image as img
-from vllm_spark_plugin import checks, doctor_kernels, fatbin
+from vllm_spark_plugin.doctor import check as checks, fatbin, kernels as doctor_kernels
 
 ROOT = Path(__file__).resolve().parents[2]
 RELEASES = Path(os.environ.get("SPARK_RELEASES_DIR")

@@ -1,5 +1,5 @@
 """Build small ELF images with a `.nv_fatbin` section, laid out as vLLM's CUDA wheels lay theirs out
-(vllm_spark_plugin/fatbin.py), for seeding a library whose FP4 kernels target the wrong SM."""
+(vllm_spark_plugin/doctor/fatbin.py), for seeding a library whose FP4 kernels target the wrong SM."""
 from __future__ import annotations
 
 import struct

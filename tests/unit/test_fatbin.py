@@ -1,5 +1,5 @@
-"""Reading a CUDA library's device code (vllm_spark_plugin/fatbin.py) and the doctor check built on it
-(doctor_kernels.py), on constructed images: which targets load on which SM, and a library whose FP4
+"""Reading a CUDA library's device code (vllm_spark_plugin/doctor/fatbin.py) and the doctor check built on it
+(doctor/kernels.py), on constructed images: which targets load on which SM, and a library whose FP4
 kernels exist only for sm_100a failing for a GB10 (12.1).  The real vLLM 0.33.0 libraries are read
 in tests/contract/test_fp4_payload.py."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import types
 import pytest
 
 from support import fatbin_image as img
-from vllm_spark_plugin import checks, doctor_kernels, fatbin
+from vllm_spark_plugin.doctor import check as checks, fatbin, kernels as doctor_kernels
 
 GB10 = (12, 1)
 FP4_GEMM = "_ZN4vllm15cvt_fp16_to_fp4I6__halfLb0ELb1EEEviiiiPKT_PKfPjS7_"

@@ -3,7 +3,7 @@ doctor.run_checks).
 
 * fp4_kernel_payload - which GPU targets the FP4 kernels compiled into the installed vLLM carry
                        (its `_C`, `_moe_C` and other extensions, and FlashInfer's libraries where it
-                       ships any), read from each library's `.nv_fatbin` (`vllm_spark_plugin.fatbin`),
+                       ships any), read from each library's `.nv_fatbin` (`doctor.fatbin`),
                        against the device's compute capability: a wheel whose FP4 kernels exist only
                        for `sm_100a` (or `sm_120a`) has none that loads on GB10's 12.1.
 
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vllm_spark_plugin import fatbin
-from vllm_spark_plugin.checks import FAIL, NA, OK, WARN, Check
+from vllm_spark_plugin.doctor import fatbin
+from vllm_spark_plugin.doctor.check import FAIL, NA, OK, WARN, Check
 
 NAME = "fp4_kernel_payload"
 FIX = ("install a vLLM build whose FP4 kernels cover {sm}: the CUDA 13 wheels compile them for sm_100f/sm_120f "

@@ -3,11 +3,11 @@
     vllm-spark doctor [--json] [--model PATH] [--sm X.Y] [-- <the vllm serve arguments you plan to use>]
 
 Checks: vLLM version, plugin entry point, device and compute capability, which FP4 MoE backends
-import, whether the FP4 kernels compiled into vLLM carry code for the device's SM (doctor_kernels.py;
+import, whether the FP4 kernels compiled into vLLM carry code for the device's SM (doctor/kernels.py;
 `--sm 12.1` checks for another device), environment variables vLLM no longer reads, the
 SPARK_PLUGIN_MOE_BACKEND setting,
 gpu_memory_utilization against MemAvailable (unified memory), eager mode, the tuned-config folder;
-and (doctor_memory.py) vLLM's start-up memory check, reclaimable headroom, NVRM driver events, VLLM_*
+and (doctor/memory.py) vLLM's start-up memory check, reclaimable headroom, NVRM driver events, VLLM_*
 variables the installed vLLM does not know, CUDA-graph capture sizes against --max-num-seqs.
 Each check is ok, info, warn, fail, or n/a when it does not apply on this machine (its detail says why).
 Exit code 0 when nothing fails (warnings allowed), 1 when a check fails.
@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from vllm_spark_plugin.checks import (  # noqa: F401  (re-exported: doctor.OK, doctor.Check, ...)
+from vllm_spark_plugin.doctor.check import (  # noqa: F401  (re-exported: doctor.OK, doctor.Check, ...)
     FAIL,
     INFO,
     NA,
@@ -220,7 +220,7 @@ def run_checks(env: Mapping[str, str] | None = None, serve: ServeArgs | None = N
                             "install the CUDA build of vLLM for this GPU (Marlin ships with it); "
                             "pip install flashinfer-python / b12x for the others"))
 
-    from vllm_spark_plugin import doctor_kernels  # the FP4 kernels' CUDA payload against the device's SM
+    from vllm_spark_plugin.doctor import kernels as doctor_kernels  # the FP4 kernels' CUDA payload against the device's SM
     try:
         checks.append(doctor_kernels.check(probe, cuda))
     except Exception as exc:  # a broken check must not hide the others
@@ -270,7 +270,7 @@ def run_checks(env: Mapping[str, str] | None = None, serve: ServeArgs | None = N
                                                   "VLLM_TUNED_CONFIG_FOLDER unset")
                             + f"; {mine} plugin/tune-moe config file(s) merged after it"))
 
-    from vllm_spark_plugin import doctor_memory  # unified memory, driver events, unknown env, capture sizes
+    from vllm_spark_plugin.doctor import memory as doctor_memory  # unified memory, driver events, unknown env, capture sizes
     checks.extend(doctor_memory.checks(env, serve, probe, cuda))
     return checks
 
@@ -337,7 +337,7 @@ def run(args) -> int:
         serve.gpu_memory_utilization = args.gpu_memory_utilization
     probe = None
     if getattr(args, "sm", None):
-        from vllm_spark_plugin import doctor_kernels
+        from vllm_spark_plugin.doctor import kernels as doctor_kernels
         try:
             probe = Probe(extra={"sm": doctor_kernels.parse_sm(args.sm)})
         except ValueError as exc:

@@ -1,4 +1,4 @@
-"""One `vllm-spark doctor` check and its statuses (shared by doctor.py and doctor_memory.py)."""
+"""One `vllm-spark doctor` check and its statuses (shared by every doctor module)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -30,7 +30,7 @@ VLLM_DEFAULT_MAX_CAPTURE = 512
 
 
 def checks(env: Mapping[str, str], serve, probe, cuda: bool) -> list:
-    from vllm_spark_plugin import checks as d
+    from vllm_spark_plugin.doctor import check as d
 
     out = []
     for fn in (_memory_checks, _driver_events, _unknown_env, _cudagraph_sizes):
@@ -42,7 +42,7 @@ def checks(env: Mapping[str, str], serve, probe, cuda: bool) -> list:
 
 
 def _memory_checks(env, serve, probe, cuda) -> list:
-    from vllm_spark_plugin import checks as d
+    from vllm_spark_plugin.doctor import check as d
 
     try:
         with open(probe.meminfo_path, encoding="ascii", errors="replace") as fh:
@@ -78,7 +78,7 @@ def _memory_checks(env, serve, probe, cuda) -> list:
 
 
 def _driver_events(env, serve, probe, cuda) -> list:
-    from vllm_spark_plugin import checks as d
+    from vllm_spark_plugin.doctor import check as d
 
     path = probe.extra.get("kernel_log_path", ms.KMSG_PATH)
     reader = ms.KmsgReader(path, from_start=True)
@@ -112,7 +112,7 @@ def vllm_env_names() -> set[str]:
 
 
 def _unknown_env(env, serve, probe, cuda) -> list:
-    from vllm_spark_plugin import checks as d
+    from vllm_spark_plugin.doctor import check as d
 
     names = probe.extra.get("vllm_env_names", vllm_env_names)
     try:
@@ -170,7 +170,7 @@ def _compilation_config(argv: list[str]) -> dict:
 
 
 def _cudagraph_sizes(env, serve, probe, cuda) -> list:
-    from vllm_spark_plugin import checks as d
+    from vllm_spark_plugin.doctor import check as d
 
     argv = list(getattr(serve, "argv", None) or [])
     if not cuda:
