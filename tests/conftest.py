@@ -78,7 +78,7 @@ def vllm_server(tiny_model_path, artifacts_dir, otlp_receiver):
     server = _start(tiny_model_path, artifacts_dir, "vllm-server-main",
                     env={"SPARK_PLUGIN_OTEL_ENDPOINT": otlp_receiver.endpoint,
                          "SPARK_PLUGIN_OTEL_INTERVAL_SECONDS": "5",
-                         "SPARK_PLUGIN_TTFT_SLO_SECONDS": "30", "SPARK_PLUGIN_FLOORS": "20,100000",
+                         "SPARK_PLUGIN_TTFT_SLO_SECONDS": "30", "SPARK_PLUGIN_FLOORS": "20,2000",
                          # an unreadable kernel log, as in a container (test_memory_live.py)
                          "SPARK_PLUGIN_KERNEL_LOG": UNREADABLE_KERNEL_LOG})
     yield server

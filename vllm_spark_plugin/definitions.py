@@ -23,6 +23,84 @@ from dataclasses import dataclass, field, asdict
 from typing import Iterable, Sequence
 
 DEFAULT_FLOOR_TOKENS_PER_SECOND = 20.0  # seed 003's capacity reference
+DEFAULT_TTFT_SLO_SECONDS = 2.0  # seed 001: median TTFT reached about 2 s at 64 streams
+
+# --------------------------------------------------------------------------------------------------
+# Histogram bucket bounds (the metric contract's, `metrics.names`).
+# Batch sizes are integers: bounds sit on them so "le=16" means "at most 16".
+BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024)
+STEP_TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+STEP_DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05,
+                         0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0)
+# SLO-grade: TTFT SLOs must sit on a bound (0.2, 0.5, 1, 2, 3, 5 s are all bounds).
+TTFT_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 30.0, 60.0)
+# Per-stream decode rate: steps of at most ~10%, so a median read from the histogram is within a few
+# percent of the true one from 1 tok/s (a loaded Spark) to 2,000 tok/s (a tiny model on a CPU); the
+# 20 tok/s floor of seed 003 (and 5, 10, 15, 30, 40, 60) are bounds, so SLO queries are exact.
+STREAM_RATE_BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 18, 20, 22, 24, 26, 28,
+                       30, 33, 36, 40, 44, 48, 52, 56, 60, 65, 70, 75, 80, 90, 100, 110, 120, 130, 140,
+                       150, 165, 180, 200, 220, 240, 260, 280, 300, 330, 360, 400, 440, 480, 520, 560,
+                       600, 650, 700, 750, 800, 900, 1000, 1100, 1200, 1350, 1500, 1750, 2000)
+
+
+# --------------------------------------------------------------------------------------------------
+# The SLO rule: one check for the exporter's settings and the dashboard/rule generator.  A histogram
+# SLO is exact only when its threshold is a bucket bound (error ratio = 1 - bucket{le=T} / count),
+# so the TTFT SLO must be one of TTFT_BUCKETS and each floor one of STREAM_RATE_BUCKETS.
+class SLOError(ValueError):
+    """An SLO threshold the exporter, the dashboards and the rules cannot all use; the message says
+    the fix, and the caller prefixes the setting or flag and the value it came from."""
+
+
+def _on_bound(value: float, bounds) -> bool:
+    return any(math.isclose(value, b, rel_tol=0, abs_tol=1e-12) for b in bounds)
+
+
+def _nearest(v: float, bounds) -> str:
+    below = [b for b in bounds if b < v]
+    above = [b for b in bounds if b > v]
+    near = ([f"{below[-1]:g}"] if below else []) + ([f"{above[0]:g}"] if above else [])
+    return " or ".join(near)
+
+
+def _positive_number(raw, what: str) -> float:
+    if isinstance(raw, bool):
+        raise SLOError(f"expected {what}")
+    try:
+        v = float(raw)
+    except (TypeError, ValueError):
+        raise SLOError(f"expected {what}") from None
+    if not (math.isfinite(v) and v > 0):
+        raise SLOError(f"expected {what}")
+    return v
+
+
+def check_ttft_slo(raw) -> float:
+    """The TTFT SLO in seconds: positive, finite and a TTFT bucket bound."""
+    v = _positive_number(raw, "a positive number of seconds")
+    if not _on_bound(v, TTFT_BUCKETS):
+        raise SLOError(f"not a TTFT histogram bucket bound, so the SLO could not be computed exactly; use "
+                       f"{_nearest(v, TTFT_BUCKETS)} (bounds: {', '.join(f'{b:g}' for b in TTFT_BUCKETS)})")
+    return v
+
+
+def check_floor(raw) -> float:
+    """One per-stream floor in tok/s: positive, finite and a per-stream-rate bucket bound."""
+    v = _positive_number(raw, "a positive tok/s value")
+    if not _on_bound(v, STREAM_RATE_BUCKETS):
+        raise SLOError(f"not a per-stream-rate histogram bucket bound, so the SLO could not be computed "
+                       f"exactly; use {_nearest(v, STREAM_RATE_BUCKETS)} (bounds: 1 to 16 in steps of 1, then "
+                       "steps of at most 10% up to 2000: metrics.names.STREAM_RATE_BUCKETS)")
+    return v
+
+
+def check_floors(raw) -> tuple[float, ...]:
+    """Comma-separated (or a list of) floors, each as `check_floor`; sorted, duplicates dropped."""
+    items = raw if isinstance(raw, (list, tuple)) else str(raw).split(",")
+    vals = tuple(sorted({check_floor(x) for x in items if str(x).strip()}))
+    if not vals:
+        raise SLOError("expected comma-separated positive tok/s values")
+    return vals
 
 
 def _finite(x) -> bool:

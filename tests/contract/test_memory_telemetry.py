@@ -15,7 +15,7 @@ from prometheus_client import REGISTRY
 
 from vllm_spark_plugin.metrics import exporter as exporter_mod
 from vllm_spark_plugin.metrics import instruments
-from vllm_spark_plugin.metrics import memory_sources as ms
+from vllm_spark_plugin.common import memory_sources as ms
 from vllm_spark_plugin.metrics.memory_telemetry import MemoryTelemetry, kernel_log_path
 
 DATA = Path(__file__).resolve().parents[1] / "unit" / "data" / "memory_sources"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from support.scrape import scrape, value
-from vllm_spark_plugin.metrics import memory_sources as ms
+from vllm_spark_plugin.common import memory_sources as ms
 
 pytestmark = pytest.mark.server
 GIB = 1 << 30

@@ -2,9 +2,10 @@
 an independent streaming client judges the same requests by the same definition.
 
 The session server (tests/conftest.py) runs with SPARK_PLUGIN_TTFT_SLO_SECONDS=30 and
-SPARK_PLUGIN_FLOORS=20,100000.  The light phase (2 streams, about 200 tok/s each, TTFT tens of ms) is
+SPARK_PLUGIN_FLOORS=20,2000.  The light phase (2 streams, about 200 tok/s each, TTFT tens of ms) is
 judged at the 20 tok/s floor: it meets it with a wide margin.  The loaded phase (16 streams) is judged
-at a floor no stream reaches (100,000 tok/s): every request misses it, whatever the speed of the box.
+at a floor no stream reaches (2,000 tok/s, the highest per-stream-rate bucket bound: the SLO rule takes
+no other; the tiny model streams at about 70 tok/s there): every request misses it, whatever the speed of the box.
 Both SLO values sit far from what each phase observes (a 1 s TTFT SLO did not: under 16 streams on
 two cores the client saw half the first tokens after 1 s where the server's clock had them before),
 so the two sides must agree on every request.
@@ -34,7 +35,7 @@ pytestmark = pytest.mark.server
 P = "vllm_spark_"
 TTFT_SLO = 30.0                  # must match the vllm_server fixture's environment
 MAX_TOKENS = 64
-PHASES = ((2, 6, 20.0), (16, 2, 100000.0))  # (concurrency, waves, the floor the phase is judged at)
+PHASES = ((2, 6, 20.0), (16, 2, 2000.0))  # (concurrency, waves, the floor the phase is judged at)
 
 
 def _server_counts(after: dict, before: dict, name: str, floor: float) -> dict[str, float]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import struct
 
-from vllm_spark_plugin import fatbin
+from vllm_spark_plugin.doctor import fatbin
 
 
 def elf(sections: dict[str, bytes], symbols: list[tuple[str, int]] = ()) -> bytes:

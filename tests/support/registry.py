@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
-from vllm_spark_plugin.metrics import errors, exporter as exporter_mod
+from vllm_spark_plugin.common import errors
+from vllm_spark_plugin.metrics import exporter as exporter_mod
 
 
 class Fresh:
@@ -18,10 +19,10 @@ class Fresh:
         self._monkeypatch = monkeypatch
         monkeypatch.setattr(exporter_mod, "get", self.exporter)
 
-    def exporter(self, model: str) -> exporter_mod.Exporter:
+    def exporter(self, model: str, settings, hook_steps: bool = False) -> exporter_mod.Exporter:
         """One exporter per test (its instruments take the registry's names once)."""
         if self.exp is None:
-            self.exp = exporter_mod.Exporter(model, registry=self.registry)
+            self.exp = exporter_mod.Exporter(model, settings, registry=self.registry, hook_steps=hook_steps)
             self._monkeypatch.setattr(errors, "_counter", self.exp.ins.errors)
         assert self.exp.model == model
         return self.exp

@@ -11,8 +11,9 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
+from vllm_spark_plugin.common import errors
 from vllm_spark_plugin.hooks import channel
-from vllm_spark_plugin.metrics import errors
+from vllm_spark_plugin.metrics.step import LAYOUT, HookStep
 
 
 @pytest.fixture
@@ -21,13 +22,13 @@ def run_dir(tmp_path, monkeypatch):
     return str(tmp_path)
 
 
-def record(i: int) -> tuple:
-    return (0, 1000 + i, 0, 0, 4, 4, 100 - i % 7, 101, -1)
+def record(i: int) -> HookStep:
+    return HookStep(0, 1000 + i, 0, 0, 4, 4, 100 - i % 7, 101, -1)
 
 
 class Collect:
     def __init__(self, expected: int) -> None:
-        self.records, self.errors = [], []
+        self.records, self.errors, self.invalid = [], [], []
         self.done = threading.Event()
         self.expected = expected
 
@@ -36,18 +37,24 @@ class Collect:
         if len(self.records) >= self.expected:
             self.done.set()
 
+    def on_invalid(self, fields):
+        self.invalid.append(fields)
+
     def on_error(self, where, exc):
         self.errors.append((where, exc))
+
+    def reader(self, run_dir, on_record=None):
+        return channel.StepReader(run_dir, on_record or self.on_record, self.on_invalid, self.on_error)
 
 
 def test_records_arrive_in_order_and_batched(run_dir):
     got = Collect(200)
-    reader = channel.StepReader(run_dir, got.on_record, got.on_error)
+    reader = got.reader(run_dir)
     assert reader.start()
     clock = [0.0]
     writer = channel.StepWriter(run_dir, clock=lambda: clock[0])  # a still clock: batches by count
     for i in range(200):
-        writer.add(*record(i))
+        writer.add(record(i))
     writer.flush()  # the engine went idle: the last 8 records go now
     assert got.done.wait(10)
     reader.stop()
@@ -57,14 +64,14 @@ def test_records_arrive_in_order_and_batched(run_dir):
 
 def test_a_batch_leaves_after_the_batch_interval(run_dir):
     got = Collect(2)
-    reader = channel.StepReader(run_dir, got.on_record, got.on_error)
+    reader = got.reader(run_dir)
     assert reader.start()
     clock = [0.0]
     writer = channel.StepWriter(run_dir, clock=lambda: clock[0])
-    writer.add(*record(0))
+    writer.add(record(0))
     assert writer.sent == 0  # held: neither 64 records nor 50 ms yet
     clock[0] = channel.BATCH_SECONDS
-    writer.add(*record(1))
+    writer.add(record(1))
     assert writer.sent == 2 and got.done.wait(10)
     reader.stop()
 
@@ -72,17 +79,29 @@ def test_a_batch_leaves_after_the_batch_interval(run_dir):
 def test_nobody_listening_drops_and_counts(run_dir):
     writer = channel.StepWriter(run_dir)
     for i in range(70):
-        writer.add(*record(i))  # never raises into the engine loop
+        writer.add(record(i))  # never raises into the engine loop
     writer.flush()
     assert writer.sent == 0 and writer.dropped == 70
 
 
 def test_one_reader_per_run(run_dir):
-    first = channel.StepReader(run_dir, lambda f: None, lambda w, e: None)
-    second = channel.StepReader(run_dir, lambda f: None, lambda w, e: None)
+    first = channel.StepReader(run_dir, lambda s: None, lambda f: None, lambda w, e: None)
+    second = channel.StepReader(run_dir, lambda s: None, lambda f: None, lambda w, e: None)
     assert first.start()
     assert not second.start()  # another API server of the same serve reads the steps
     first.stop()
+
+
+def test_a_record_with_a_negative_field_is_refused_not_recorded(run_dir):
+    got = Collect(2)
+    reader = got.reader(run_dir)
+    assert reader.start()
+    writer = channel.StepWriter(run_dir)
+    bad = record(1)._replace(step_us=-5)
+    writer.sock.sendto(LAYOUT.pack(*record(0)) + LAYOUT.pack(*bad) + LAYOUT.pack(*record(2)), writer.address)
+    assert got.done.wait(10)
+    reader.stop()
+    assert got.records == [record(0), record(2)] and got.invalid == [tuple(bad)] and got.errors == []
 
 
 def test_truncated_datagrams_and_failing_consumers_are_contained(run_dir):
@@ -95,12 +114,12 @@ def test_truncated_datagrams_and_failing_consumers_are_contained(run_dir):
             raise ValueError("consumer failed")
         got.on_record(fields)
 
-    reader = channel.StepReader(run_dir, on_record, got.on_error)
+    reader = got.reader(run_dir, on_record)
     assert reader.start()
     writer = channel.StepWriter(run_dir)
-    writer.sock.sendto(channel.RECORD.pack(*record(0)) + b"\x01\x02\x03", writer.address)  # a torn tail
-    writer.sock.sendto(channel.RECORD.pack(*record(1)) + channel.RECORD.pack(*record(2)), writer.address)
-    writer.sock.sendto(channel.RECORD.pack(*record(3)), writer.address)
+    writer.sock.sendto(LAYOUT.pack(*record(0)) + b"\x01\x02\x03", writer.address)  # a torn tail
+    writer.sock.sendto(LAYOUT.pack(*record(1)) + LAYOUT.pack(*record(2)), writer.address)
+    writer.sock.sendto(LAYOUT.pack(*record(3)), writer.address)
     deadline = time.monotonic() + 10
     while len(got.records) < 2 and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -118,7 +137,7 @@ def test_errors_of_a_process_without_exporter_reach_the_api_servers_counter(run_
     code = (
         "import time\n"
         "from vllm_spark_plugin.hooks import registration\n"
-        "from vllm_spark_plugin.metrics import errors\n"
+        "from vllm_spark_plugin.common import errors\n"
         "errors.set_spill(registration._spill)\n"
         "for _ in range(3): errors.report('scheduler_hook', ValueError('boom'))\n"
         "time.sleep(errors.SPILL_DELAY_SECONDS + 0.5)\n"

@@ -83,24 +83,23 @@ def _exporter(delivery: bool):
     registry = CollectorRegistry()
     s = settings_mod.load({"SPARK_PLUGIN_TTFT_SLO_SECONDS": "1", "SPARK_PLUGIN_FLOORS": "20"})
     exp = Exporter("unit-delivery", s, registry=registry)
-    exp.delivery_clock = delivery
+    if delivery:
+        exp.time_deliveries()
     get = lambda name, **lab: registry.get_sample_value(  # noqa: E731
         name, {"model_name": "unit-delivery", "engine": "0", **lab}) or 0.0
     return exp.engine(0), get
 
 
 def _finished_step():
-    from types import SimpleNamespace
-    from vllm_spark_plugin.metrics.derive import derive
-    from vllm_spark_plugin.metrics.stepstats import StepStats
-    fr = SimpleNamespace(generation_tokens=65, decode_seconds=2.0, prompt_tokens=8, reason="length", e2e_seconds=2.5)
-    return derive(StepStats(finished=[fr]))  # engine clock: TTFT 0.5 s, 32 tok/s
+    from vllm_spark_plugin.metrics.engine_stats import EngineStats, FinishedRequest
+    fr = FinishedRequest(generation_tokens=65, decode_seconds=2.0, prompt_tokens=8, reason="length", e2e_seconds=2.5)
+    return EngineStats(finished=[fr])  # engine clock: TTFT 0.5 s, 32 tok/s
 
 
 def test_with_the_delivery_clock_rates_and_slo_come_from_hand_offs_only():
     from vllm_spark_plugin.metrics.delivery import Delivered
     st, get = _exporter(delivery=True)
-    st.record(_finished_step())
+    st.record_stats(_finished_step())
     assert get("vllm_spark_engine_stream_decode_tokens_per_second_count") == 1
     assert get("vllm_spark_stream_decode_tokens_per_second_count") == 0
     assert get("vllm_spark_slo_requests_total", floor="20", outcome="met") == 0
@@ -117,7 +116,7 @@ def test_with_the_delivery_clock_rates_and_slo_come_from_hand_offs_only():
 
 def test_without_the_delivery_clock_the_engine_clock_feeds_both():
     st, get = _exporter(delivery=False)
-    st.record(_finished_step())
+    st.record_stats(_finished_step())
     assert get("vllm_spark_engine_stream_decode_tokens_per_second_sum") == 32.0
     assert get("vllm_spark_stream_decode_tokens_per_second_sum") == 32.0
     assert get("vllm_spark_slo_requests_total", floor="20", outcome="met") == 1

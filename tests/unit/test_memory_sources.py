@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_spark_plugin.metrics import memory_sources as ms
+from vllm_spark_plugin.common import memory_sources as ms
 
 DATA = Path(__file__).resolve().parent / "data" / "memory_sources"
 GIB = 1 << 30

@@ -4,7 +4,7 @@ Every figure carries its source, a quote of the figure and the inputs that descr
 setup.  The uncalibrated errors are printed per figure (pytest -s) and bounded per class; the bounds
 are regression guards at the measured errors (docs/plan.md, "Cross-validation"), not the targets --
 the overall median (10.8 %) and the worst figure (two-Spark Nemotron at c64, +73 %) miss the 10 % / 30 %
-targets, which the docs and README say.
+targets, which docs/plan.md says.
 """
 from __future__ import annotations
 

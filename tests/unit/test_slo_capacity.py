@@ -5,17 +5,17 @@ prometheus-client registry of its own.
 """
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import numpy as np
 from prometheus_client import CollectorRegistry
 
-from vllm_spark_plugin.metrics.stepstats import StepStats
 from vllm_spark_plugin.knee import OnlineKneeEstimator
 from vllm_spark_plugin.knee.slo_capacity import (VERDICT_EXCEEDED_AT_SMALLEST, VERDICT_NO_SLO, VERDICT_OK,
                                                  VERDICT_TOO_FEW, VERDICT_WITHIN, capacity_under_both, ttft_capacity)
-from vllm_spark_plugin.metrics.derive import DerivedStep, derive
+from vllm_spark_plugin.metrics.derive import finished_values
+from vllm_spark_plugin.metrics.engine_stats import EngineStats, FinishedRequest
 from vllm_spark_plugin.metrics.exporter import Exporter
+from vllm_spark_plugin.metrics.step import HookStep
+from vllm_spark_plugin.settings import Settings
 
 ALPHA, BETA = 0.010, 0.001          # floor 20 tok/s -> capacity floor((1/20 - alpha)/beta) = 40
 
@@ -102,16 +102,12 @@ def test_ttft_ring_keeps_only_the_latest_window():
 
 # ------------------------------------------------------------------------------- the exporter
 def _settings(ttft_slo, floors=(20.0,)):
-    return SimpleNamespace(knee_window=4096, knee_halflife_seconds=600.0, knee_refit_seconds=0.0, floors=floors,
-                           ttft_slo_seconds=ttft_slo, profile="", hardware_interval_seconds=1.0)
+    return Settings(knee_refit_seconds=0.0, floors=floors, ttft_slo_seconds=ttft_slo)
 
 
-def _step(batch, running, step_seconds=None, ttfts=(), finished_slo=()):
-    d = DerivedStep()
-    d.batch, d.running, d.step_seconds, d.prefill_tokens = batch, running, step_seconds, 0
-    d.ttfts = list(ttfts)
-    d.finished_slo = list(finished_slo)
-    return d
+def _hook_step(batch, step_seconds):
+    """The scheduler hook's record of a pure decode step of `batch` streams."""
+    return HookStep(0, round(step_seconds * 1e6), 0, 0, batch, batch, -1, 0, -1)
 
 
 def _reader(registry, model):
@@ -122,14 +118,14 @@ def _reader(registry, model):
 
 def test_spare_capacity_crosses_zero_when_running_streams_exceed_capacity():
     model, registry = "unit-slo-spare", CollectorRegistry()
-    exp = Exporter(model, _settings(0.2), registry=registry)
+    exp = Exporter(model, _settings(0.2), registry=registry, hook_steps=True)
     _value = _reader(registry, model)
     st = exp.engine(0)
     rng = np.random.default_rng(3)
     for _ in range(1500):
         b = int(rng.integers(1, 65))
-        st.record(_step(b, b, (ALPHA + BETA * b) * (1 + 0.02 * rng.standard_normal()),
-                        ttfts=[ttft_of(b)] * 4))
+        st.record_step(_hook_step(b, (ALPHA + BETA * b) * (1 + 0.02 * rng.standard_normal())))
+        st.record_stats(EngineStats(running=b, ttfts=[ttft_of(b)] * 4))
     exp.refresh_knee()
     cap = _value("vllm_spark_slo_capacity_streams", floor="20")
     floor_cap = _value("vllm_spark_capacity_streams", floor="20")
@@ -138,7 +134,7 @@ def test_spare_capacity_crosses_zero_when_running_streams_exceed_capacity():
     assert _value("vllm_spark_ttft_slo_seconds") == 0.2
     seen = []
     for running in (0, int(cap) - 2, int(cap), int(cap) + 3):
-        st.record(_step(running, running))
+        st.record_stats(EngineStats(running=running))
         seen.append(_value("vllm_spark_spare_capacity_streams", floor="20"))
     assert seen == [cap, 2, 0, -3]
 
@@ -152,7 +148,7 @@ def test_slo_counters_count_requests_and_tokens_by_outcome_per_floor():
                 (1.5, 20.0, 16),   # missed_ttft at 10, missed_both at 30
                 (0.5, None, 1),    # one token: TTFT alone -> met
                 (None, None, 0)]   # no first token -> missed_ttft
-    st.record(_step(1, 1, finished_slo=finished))
+    st.record_slo(finished)
     req = {f: {o: _value("vllm_spark_slo_requests_total", floor=f, outcome=o)
                for o in ("met", "missed_ttft", "missed_rate", "missed_both")} for f in ("10", "30")}
     tok = {f: {o: _value("vllm_spark_slo_output_tokens_total", floor=f, outcome=o)
@@ -164,11 +160,10 @@ def test_slo_counters_count_requests_and_tokens_by_outcome_per_floor():
 
 
 def test_derive_judges_finished_requests_from_e2e_latency_minus_decode_window():
-    fr = lambda tokens, decode, e2e: SimpleNamespace(generation_tokens=tokens, decode_seconds=decode,  # noqa: E731
+    fr = lambda tokens, decode, e2e: FinishedRequest(generation_tokens=tokens, decode_seconds=decode,  # noqa: E731
                                                      prompt_tokens=8, reason="length", e2e_seconds=e2e)
-    s = StepStats(finished=[fr(65, 2.0, 2.5), fr(1, 0.0, 0.3), fr(0, 0.0, 4.0), fr(10, 1.0, float("nan"))])
-    d = derive(s)
-    assert d.finished_slo == [(0.5, 32.0, 65), (0.3, None, 1), (None, None, 0)]
+    d = finished_values([fr(65, 2.0, 2.5), fr(1, 0.0, 0.3), fr(0, 0.0, 4.0), fr(10, 1.0, float("nan"))])
+    assert d.slo == [(0.5, 32.0, 65), (0.3, None, 1), (None, None, 0)]
     assert d.invalid == 1                                      # the NaN latency, counted and dropped
-    old = SimpleNamespace(generation_tokens=65, decode_seconds=2.0, prompt_tokens=8, reason="length")
-    assert derive(StepStats(finished=[old])).finished_slo == []   # no end-to-end latency: not judged
+    old = FinishedRequest(generation_tokens=65, decode_seconds=2.0, prompt_tokens=8, reason="length")
+    assert finished_values([old]).slo == []   # no end-to-end latency: not judged

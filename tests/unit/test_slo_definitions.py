@@ -1,5 +1,5 @@
 """The latency-SLO classification (definitions.py) shared by the exporter and the benchmark, and the
-SLO settings (slo_settings.py)."""
+SLO settings and their one rule (settings.py, definitions.check_ttft_slo / check_floors)."""
 from __future__ import annotations
 
 import logging
@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from vllm_spark_plugin import slo_settings
+from vllm_spark_plugin import settings as settings_mod
+from vllm_spark_plugin.grafana.slo import SLOConfig, SLOError
 from vllm_spark_plugin.definitions import (SLO_MET, SLO_MISSED_BOTH, SLO_MISSED_RATE, SLO_MISSED_TTFT, SLO_OUTCOMES,
                                            LatencySLO, StreamTiming, highest_concurrency_meeting, slo_outcome,
                                            slo_tally)
@@ -77,31 +78,42 @@ def test_highest_concurrency_meeting_a_target():
 
 # ------------------------------------------------------------------------------------ settings
 def test_slo_settings_from_the_environment():
-    s = slo_settings.load({"SPARK_PLUGIN_TTFT_SLO_SECONDS": "0.5", "SPARK_PLUGIN_FLOORS": "30, 10,30"})
-    assert (s.ttft_slo_seconds, s.floors) == (0.5, (10.0, 30.0))
-    assert slo_settings.load({}) == slo_settings.SloSettings(2.0, (20.0,))
+    s = settings_mod.load({"SPARK_PLUGIN_TTFT_SLO_SECONDS": "0.5", "SPARK_PLUGIN_FLOORS": "30, 10,30"})
+    assert (s.ttft_slo_seconds, s.floors, s.problems) == (0.5, (10.0, 30.0), ())
+    d = settings_mod.load({})
+    assert (d.ttft_slo_seconds, d.floors) == (2.0, (20.0,)) == (SLOConfig().ttft_slo_seconds, (SLOConfig().floor_tokens_per_second,))
 
 
 @pytest.mark.parametrize("name, raw", [
     ("SPARK_PLUGIN_TTFT_SLO_SECONDS", "-1"), ("SPARK_PLUGIN_TTFT_SLO_SECONDS", "0"),
     ("SPARK_PLUGIN_TTFT_SLO_SECONDS", "fast"), ("SPARK_PLUGIN_TTFT_SLO_SECONDS", "inf"),
+    ("SPARK_PLUGIN_TTFT_SLO_SECONDS", "2.5"),
     ("SPARK_PLUGIN_FLOORS", "-5"), ("SPARK_PLUGIN_FLOORS", "0,20"), ("SPARK_PLUGIN_FLOORS", "twenty"),
-    ("SPARK_PLUGIN_FLOORS", " , "),
+    ("SPARK_PLUGIN_FLOORS", " , "), ("SPARK_PLUGIN_FLOORS", "17"), ("SPARK_PLUGIN_FLOORS", "20,100000"),
 ])
 def test_bad_slo_setting_logs_one_line_naming_it_and_keeps_the_default(caplog, name, raw):
     with caplog.at_level(logging.WARNING, logger="vllm_spark_plugin"):
-        s = slo_settings.load({name: raw})
-    assert s == slo_settings.SloSettings()
+        s = settings_mod.load({name: raw})
+    assert (s.ttft_slo_seconds, s.floors) == (2.0, (20.0,))
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1, lines
     assert name in lines[0] and "using the default" in lines[0] and repr(raw) in lines[0]
+    assert s.problems and name in s.problems[0]  # what doctor shows
 
 
-def test_from_settings_validates_what_it_is_given(caplog):
-    class Obj:
-        ttft_slo_seconds = 0.0
-        floors = (15.0,)
-    with caplog.at_level(logging.WARNING, logger="vllm_spark_plugin"):
-        s = slo_settings.from_settings(Obj())
-    assert (s.ttft_slo_seconds, s.floors) == (2.0, (15.0,))
-    assert len(caplog.records) == 1 and "SPARK_PLUGIN_TTFT_SLO_SECONDS" in caplog.records[0].getMessage()
+@pytest.mark.parametrize("ttft, floor", [(2.5, 20.0), (2.0, 17.0), (0.5, 100000.0)])
+def test_the_runtime_and_the_rule_generator_apply_one_slo_rule(ttft, floor):
+    """A threshold the generator refuses is a setting the exporter refuses, and the reverse."""
+    with pytest.raises(SLOError):
+        SLOConfig(ttft_slo_seconds=ttft, floor_tokens_per_second=floor).validate()
+    s = settings_mod.load({"SPARK_PLUGIN_TTFT_SLO_SECONDS": str(ttft), "SPARK_PLUGIN_FLOORS": str(floor)},
+                          announce=False)
+    assert len(s.problems) == 1
+    ok = settings_mod.load({"SPARK_PLUGIN_TTFT_SLO_SECONDS": "3", "SPARK_PLUGIN_FLOORS": "15"}, announce=False)
+    assert ok.problems == ()
+    SLOConfig(ttft_slo_seconds=ok.ttft_slo_seconds, floor_tokens_per_second=ok.first_floor).validate()
+
+
+def test_a_misspelt_setting_is_named_with_the_key_it_resembles():
+    s = settings_mod.load({"SPARK_PLUGIN_TTFT_SLO": "1", "SPARK_PLUGIN_RUN_DIR": "/tmp/x"}, announce=False)
+    assert s.problems == ("unknown setting SPARK_PLUGIN_TTFT_SLO ignored (did you mean SPARK_PLUGIN_TTFT_SLO_SECONDS?)",)

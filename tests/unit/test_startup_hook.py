@@ -91,14 +91,13 @@ def test_a_failing_snapshot_is_counted_and_the_engine_starts(executor_class, mon
     assert executor_class.events == ["workers built"]
 
 
-def test_memory_guard_off_means_no_snapshot(executor_class, caplog, monkeypatch):
-    caplog.set_level(logging.INFO, logger="vllm_spark_plugin")
+def test_memory_guard_off_means_the_snapshot_is_not_installed(monkeypatch):
+    from vllm_spark_plugin.hooks import PATCHES, PLUGIN_LOAD, registration
+    patch = next(p for p in PATCHES if p.name == "startup_snapshot")
     monkeypatch.setenv("SPARK_PLUGIN_MEMORY_GUARD", "0")
-    settings.reset_current()
-    startup.patch_executor(executor_class, lambda where, exc: pytest.fail(f"{where}: {exc}"))
-    executor_class(config())
-    assert lines(caplog) == [] and executor_class.events == ["workers built"]
-
+    assert not registration.applies(patch, PLUGIN_LOAD, settings.load(), "engine_core")
+    monkeypatch.delenv("SPARK_PLUGIN_MEMORY_GUARD")
+    assert registration.applies(patch, PLUGIN_LOAD, settings.load(), "engine_core")
 
 def test_a_config_without_a_utilisation_is_skipped(executor_class, caplog):
     caplog.set_level(logging.INFO, logger="vllm_spark_plugin")

@@ -19,7 +19,7 @@ import difflib
 import json
 from collections.abc import Mapping
 
-from vllm_spark_plugin.metrics import memory_sources as ms
+from vllm_spark_plugin.common import memory_sources as ms
 from vllm_spark_plugin.quant import memory_guard
 
 GIB = 1 << 30

@@ -1,27 +1,29 @@
 """The user's SLOs and thresholds, shared by the dashboards and the alert rules.
 
-Histogram-based SLOs are exact only when the threshold is a bucket bound: the error ratio is
-`1 - bucket{le=THRESHOLD} / count`.  The TTFT SLO must therefore be one of `TTFT_BUCKETS` and the
-per-stream floor one of `STREAM_RATE_BUCKETS` (vllm_spark_plugin/metrics/names.py).
+The TTFT SLO and the floor are checked by the SLO rule the exporter's settings use too
+(`definitions.check_ttft_slo` / `check_floor`: on a histogram bucket bound, so the SLO queries are
+exact), so the SLO the rules are generated from is one the exporter accepts, and the reverse.
+`SLOError` is re-exported here for the generator's callers.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
 
-from vllm_spark_plugin.definitions import DEFAULT_FLOOR_TOKENS_PER_SECOND
-from vllm_spark_plugin.metrics.names import STREAM_RATE_BUCKETS, TTFT_BUCKETS
+from vllm_spark_plugin.definitions import (
+    DEFAULT_FLOOR_TOKENS_PER_SECOND,
+    DEFAULT_TTFT_SLO_SECONDS,
+    SLOError,
+    check_floor,
+    check_ttft_slo,
+)
 
 DEFAULT_RUNBOOK_BASE = "alerts/runbooks/"
 
 
-class SLOError(ValueError):
-    """A threshold the dashboards and rules cannot use; the message names the value and the fix."""
-
-
 @dataclass(frozen=True)
 class SLOConfig:
-    ttft_slo_seconds: float = 2.0          # seed 001: median TTFT reached about 2 s at 64 streams
+    ttft_slo_seconds: float = DEFAULT_TTFT_SLO_SECONDS
     floor_tokens_per_second: float = DEFAULT_FLOOR_TOKENS_PER_SECOND  # seed 003's capacity reference
     knee_warn: float = 0.8                 # knee ratio (running / K) shown amber from here
     knee_crit: float = 1.0                 # ... red from here; "serving past the knee"
@@ -33,14 +35,12 @@ class SLOConfig:
     runbook_base_url: str = DEFAULT_RUNBOOK_BASE
 
     def validate(self) -> "SLOConfig":
-        if not _on_bound(self.ttft_slo_seconds, TTFT_BUCKETS):
-            raise SLOError(
-                f"--ttft-slo {self.ttft_slo_seconds:g}: not a TTFT histogram bucket bound, so the SLO "
-                f"could not be computed exactly; choose one of {', '.join(f'{b:g}' for b in TTFT_BUCKETS)}")
-        if not _on_bound(self.floor_tokens_per_second, STREAM_RATE_BUCKETS):
-            raise SLOError(
-                f"--floor {self.floor_tokens_per_second:g}: not a per-stream-rate histogram bucket bound; "
-                f"choose one of {', '.join(f'{b:g}' for b in STREAM_RATE_BUCKETS)}")
+        for flag, value, check in (("--ttft-slo", self.ttft_slo_seconds, check_ttft_slo),
+                                   ("--floor", self.floor_tokens_per_second, check_floor)):
+            try:
+                check(value)
+            except SLOError as exc:
+                raise SLOError(f"{flag} {value:g}: {exc}") from None
         for name, v in (("--knee-warn", self.knee_warn), ("--knee-crit", self.knee_crit)):
             if not (math.isfinite(v) and v > 0):
                 raise SLOError(f"{name} {v!r}: expected a positive knee ratio")
@@ -61,6 +61,3 @@ class SLOConfig:
     def as_dict(self) -> dict:
         return asdict(self)
 
-
-def _on_bound(value: float, bounds) -> bool:
-    return any(math.isclose(value, b, rel_tol=0, abs_tol=1e-12) for b in bounds)

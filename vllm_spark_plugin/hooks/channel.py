@@ -24,24 +24,23 @@ import json
 import os
 import shutil
 import socket
-import struct
 import tempfile
 import threading
 import time
 
-RUN_DIR_ENV = "SPARK_PLUGIN_RUN_DIR"
+from vllm_spark_plugin import settings
+from vllm_spark_plugin.metrics.step import LAYOUT, HookStep, InvalidStep, read_records
+from vllm_spark_plugin.settings import RUN_DIR_KEY as RUN_DIR_ENV
+
 STEPS_SOCKET = "steps.sock"
 ERRORS_PREFIX = "errors-"
 
-# engine, step_us, prefill_reqs, prefill_tokens, decode_reqs, decode_tokens, kv_free, kv_total,
-# sampled_tokens (tokens the step produced, counted only with speculative decoding; else -1)
-RECORD = struct.Struct("<9q")
 BATCH_RECORDS = 64
 BATCH_SECONDS = 0.05
 
 
 def run_dir() -> str | None:
-    d = os.environ.get(RUN_DIR_ENV)
+    d = settings.internal(RUN_DIR_ENV)
     return d if d and os.path.isdir(d) else None
 
 
@@ -77,8 +76,8 @@ class StepWriter:
         self.sent = 0
         self.dropped = 0
 
-    def add(self, *fields: int) -> None:
-        self.buf += RECORD.pack(*fields)
+    def add(self, step: HookStep) -> None:
+        self.buf += LAYOUT.pack(*step)
         self.pending += 1
         if self.pending >= BATCH_RECORDS or self.clock() - self.last_send >= BATCH_SECONDS:
             self.flush()
@@ -97,15 +96,17 @@ class StepWriter:
 
 
 class StepReader:
-    """API-server side: one daemon thread that receives batches and calls `on_record(fields)`.
+    """API-server side: one daemon thread that receives batches and calls `on_step(HookStep)` for each
+    valid record and `on_invalid(fields)` for each other.
 
     `start()` returns False when the socket cannot be bound (another API server of the same
     `vllm serve` already reads it: with several API servers one of them takes the engine's steps).
     """
 
-    def __init__(self, directory: str, on_record, on_error) -> None:
+    def __init__(self, directory: str, on_step, on_invalid, on_error) -> None:
         self.address = _socket_address(directory)
-        self.on_record = on_record
+        self.on_step = on_step
+        self.on_invalid = on_invalid
         self.on_error = on_error
         self.sock: socket.socket | None = None
         self.received = 0
@@ -140,12 +141,21 @@ class StepReader:
                 self.on_error("step_channel", exc)
                 return
             try:
-                usable = len(data) - len(data) % RECORD.size
-                for fields in RECORD.iter_unpack(data[:usable]):
-                    self.received += 1
-                    self.on_record(fields)
+                self.deliver(data)
             except Exception as exc:
                 self.on_error("step_channel", exc)
+
+    def deliver(self, data: bytes) -> None:
+        """Hand one datagram's records on (the receive loop; benchmarks feed recorded batches)."""
+        on_step, on_invalid = self.on_step, self.on_invalid
+        for fields in read_records(data):
+            self.received += 1
+            try:
+                step = HookStep.from_wire(fields)
+            except InvalidStep:
+                on_invalid(fields)
+                continue
+            on_step(step)
 
 
 # --- contained errors of processes without an exporter ---------------------------------------------

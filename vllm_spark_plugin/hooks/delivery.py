@@ -17,9 +17,12 @@ from __future__ import annotations
 import contextvars
 from time import monotonic
 
-from vllm_spark_plugin.metrics import errors
+from vllm_spark_plugin.common import errors
+from vllm_spark_plugin.hooks import patching
 from vllm_spark_plugin.metrics.delivery import Delivery, not_streamed
 from vllm_spark_plugin.vllm import capabilities
+
+PATCH = "delivery_clock"
 
 _ORIGINAL = None
 _ORIGINAL_APP_CALL = None
@@ -30,7 +33,7 @@ _ARRIVAL: contextvars.ContextVar = contextvars.ContextVar("vllm_spark_http_arriv
 def install(sink) -> bool:
     """Wrap AsyncLLM.generate (and stamp HTTP arrivals) once per process; the first sink stays."""
     global _ORIGINAL, _sink
-    if _sink is None:  # one sink per process: the first engine's (data parallelism: see README)
+    if _sink is None:  # one sink per process: the first engine's (data parallel: docs/metrics.md)
         _sink = sink
     if _ORIGINAL is not None:
         return True
@@ -47,9 +50,7 @@ def _stamp_http_arrivals() -> None:
     app = capabilities.asgi_app_class()
     if app is None or _ORIGINAL_APP_CALL is not None:
         return
-    _ORIGINAL_APP_CALL = app.__call__
-    app_call.__wrapped__ = _ORIGINAL_APP_CALL
-    app.__call__ = app_call
+    _ORIGINAL_APP_CALL = patching.replace(PATCH, app, "__call__", app_call)
 
 
 async def app_call(self, scope, receive, send):

@@ -81,3 +81,29 @@ def register_nvfp4_quantization() -> bool:
 
     q.register_quantization_config(SPARK_NVFP4)(SparkNvFp4Claim)
     return True
+
+
+STATE: dict = {"registered": False, "reason": "not tried"}  # for vllm_spark_info and doctor
+
+
+def install(patch, settings, on_error, role: str = "") -> bool:
+    """Register the NVFP4 config where the installed vLLM has every piece it builds on (the probe);
+    the API server says once why not."""
+    import logging
+    from vllm_spark_plugin.vllm import capabilities
+    try:
+        cap = getattr(capabilities, patch.probe)()
+        if not cap.ok:
+            STATE.update(registered=False, reason=cap.reason)
+            if role == "api_server":
+                logging.getLogger("vllm_spark_plugin").warning(
+                    "vllm-spark-plugin: NVFP4 config not registered: vLLM %s lacks %s",
+                    capabilities.vllm_version(), cap.reason)
+            return False
+        register_nvfp4_quantization()
+        STATE.update(registered=True, reason=cap.reason)
+        return True
+    except Exception as exc:
+        STATE.update(registered=False, reason=f"{type(exc).__name__}: {exc}")
+        on_error("quant_config_register", exc)
+        return False

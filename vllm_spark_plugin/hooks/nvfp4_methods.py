@@ -43,8 +43,9 @@ class SparkNvFp4Config(ModelOptNvFp4Config):
         checkpoint.validate_at_load(model_name, group_size=getattr(self, "group_size", None))
 
     def get_quant_method(self, layer, prefix):
+        from vllm_spark_plugin import settings
         from vllm_spark_plugin.quant import startup
-        startup.once_per_process(self)
+        startup.once_per_process(self, settings.current().memory_guard)
         reference = not has_cuda()
         if isinstance(layer, MoELayer) and not self.is_layer_excluded(prefix):
             cls = SparkModelOptNvFp4ReferenceMoE if reference else SparkModelOptNvFp4FusedMoE
@@ -61,9 +62,10 @@ class SparkModelOptNvFp4FusedMoE(ModelOptNvFp4FusedMoE):
     vLLM's --moe-backend names one."""
 
     def __init__(self, quant_config, moe_config):
+        from vllm_spark_plugin import settings
         from vllm_spark_plugin.moe import policy, startup
         if hasattr(moe_config, "moe_backend"):  # releases without --moe-backend: vLLM's own choice
-            decision = startup.decide_once(moe_config, quant_config)
+            decision = startup.decide_once(moe_config, quant_config, settings.current().moe_backend)
             if moe_config.moe_backend == policy.AUTO and decision.backend not in (policy.AUTO, policy.REFERENCE):
                 moe_config.moe_backend = decision.backend
         super().__init__(quant_config, moe_config)
@@ -77,8 +79,9 @@ class SparkModelOptNvFp4ReferenceMoE(UnquantizedFusedMoEMethod):
         super().__init__(moe_config)
         self.quant_config = quant_config
         self.use_global_sf = False
+        from vllm_spark_plugin import settings
         from vllm_spark_plugin.moe import startup
-        startup.decide_once(moe_config, quant_config)
+        startup.decide_once(moe_config, quant_config, settings.current().moe_backend)
 
     def uses_weight_scale_2_pattern(self) -> bool:
         return True

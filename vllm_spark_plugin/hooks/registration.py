@@ -1,26 +1,23 @@
-"""What `register()` does in each vLLM process (vLLM calls it once in every one of them).
-
-* every process: the one settings instance; the run directory and the error spill (so contained
-  errors anywhere reach the API server's /metrics); the NVFP4 config and the MoE policy state, where
-  the installed vLLM offers what they need;
-* engine core: the scheduler hook, installed when vLLM imports its scheduler; the unified-memory
-  snapshot before the executor builds its workers (`hooks.startup`);
-* API server: the stat logger, a separate entry point (`hooks.stat_logger`).
+"""What `register()` does in each vLLM process (vLLM calls it once in every one of them): load the
+process's settings, set up the run directory and the error spill (so contained errors anywhere reach
+the API server's /metrics), share the MoE policy's state path, and install every `hooks.PATCHES`
+entry of the plugin-load phase whose setting is on and whose processes include this one.  The
+stat logger installs the stat-logger phase the same way (`install(STAT_LOGGER, ...)`).
 """
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import threading
 
-from vllm_spark_plugin import __version__, settings
-from vllm_spark_plugin.hooks import channel, roles
-from vllm_spark_plugin.metrics import errors
+from vllm_spark_plugin import __version__, settings as settings_mod
+from vllm_spark_plugin.common import errors
+from vllm_spark_plugin.hooks import EVERY, PATCHES, PLUGIN_LOAD, Patch, channel, roles
 
 log = logging.getLogger("vllm_spark_plugin")
 _otel_started = False
 _otel_lock = threading.Lock()
-NVFP4_STATE: dict = {"registered": False, "reason": "not tried"}  # for vllm_spark_info and doctor
 
 
 def _spill(counts) -> None:
@@ -30,8 +27,35 @@ def _spill(counts) -> None:
         channel.spill_errors(counts)
 
 
+def install_function(patch: Patch):
+    module, _, name = patch.install.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def applies(patch: Patch, phase: str, settings: settings_mod.Settings, role: str) -> bool:
+    """The patch belongs to this phase, runs in this process, and its setting is on."""
+    return (patch.phase == phase and bool(patch.install)
+            and (EVERY in patch.processes or role in patch.processes)
+            and (not patch.setting or bool(getattr(settings, patch.setting))))
+
+
+def install(phase: str, settings: settings_mod.Settings, role: str, **context) -> dict[str, object]:
+    """Install the registry's patches of `phase` for this process: name -> what its install function
+    returned (patches skipped by their setting or process are absent).  A failing install is counted
+    under `<name>_install` and the others still go in."""
+    done = {}
+    for patch in PATCHES:
+        if not applies(patch, phase, settings, role):
+            continue
+        try:
+            done[patch.name] = install_function(patch)(patch, settings, errors.report, **context)
+        except Exception as exc:
+            errors.report(f"{patch.name}_install", exc)
+    return done
+
+
 def register_all() -> None:
-    s = settings.current()
+    s = settings_mod.current()
     role = roles.process_role()
     if s.disable:
         log.info("vllm-spark-plugin %s: disabled by SPARK_PLUGIN_DISABLE", __version__)
@@ -43,55 +67,23 @@ def register_all() -> None:
         errors.report("run_dir", exc)
     log.info("vllm-spark-plugin %s loaded in process %s (pid %d, role %s)", __version__,
              __import__("multiprocessing").current_process().name, os.getpid(), role)
-    if s.scheduler_hook:
-        try:
-            from vllm_spark_plugin.hooks import scheduler
-            scheduler.install(errors.report)
-        except Exception as exc:
-            errors.report("scheduler_hook_install", exc)
-    if s.memory_guard:
-        try:
-            from vllm_spark_plugin.hooks import startup
-            startup.install(errors.report)
-        except Exception as exc:
-            errors.report("startup_snapshot_install", exc)
-    register_nvfp4(announce=role == "api_server")
-    for where, fn in (("moe_state_path", _moe_state_path), ("tuned_configs", _tuned_configs)):
-        try:
-            fn()
-        except Exception as exc:
-            errors.report(where, exc)
-
-
-def register_nvfp4(announce: bool = False) -> bool:
-    """Register the NVFP4 config where the installed vLLM has every piece it builds on."""
-    from vllm_spark_plugin.vllm import capabilities
     try:
-        cap = capabilities.nvfp4_config()
-        if not cap.ok:
-            NVFP4_STATE.update(registered=False, reason=cap.reason)
-            if announce:
-                log.warning("vllm-spark-plugin: NVFP4 config not registered: vLLM %s lacks %s",
-                            capabilities.vllm_version(), cap.reason)
-            return False
-        from vllm_spark_plugin.hooks import nvfp4_claim
-        nvfp4_claim.register_nvfp4_quantization()
-        NVFP4_STATE.update(registered=True, reason=cap.reason)
-        return True
+        from vllm_spark_plugin.moe import policy
+        policy.ensure_state_path()  # before vLLM spawns the engine: its processes inherit the path
     except Exception as exc:
-        NVFP4_STATE.update(registered=False, reason=f"{type(exc).__name__}: {exc}")
-        errors.report("quant_config_register", exc)
-        return False
+        errors.report("moe_state_path", exc)
+    install(PLUGIN_LOAD, s, role, role=role)
 
 
-def _moe_state_path() -> None:
-    from vllm_spark_plugin.moe import policy
-    policy.ensure_state_path()
-
-
-def _tuned_configs() -> None:
+def install_tuned_configs(patch, settings, on_error, **_context) -> str | None:
+    """The `tuned_configs` entry: GB10 fused-MoE configs on VLLM_TUNED_CONFIG_FOLDER."""
     from vllm_spark_plugin.moe import tuned_configs
-    tuned_configs.apply()
+    return tuned_configs.apply()
+
+
+def nvfp4_state() -> dict:
+    from vllm_spark_plugin.hooks import nvfp4_claim
+    return nvfp4_claim.STATE
 
 
 def moe_backend_label() -> str:
@@ -102,11 +94,10 @@ def moe_backend_label() -> str:
         return "none"
 
 
-def start_otel_bridge() -> None:
+def start_otel_bridge(settings: settings_mod.Settings) -> None:
     """Start the OTLP bridge once per process when an endpoint is configured (off by default)."""
     global _otel_started
-    endpoint = settings.current().otel_endpoint
-    if not endpoint:
+    if not settings.otel_endpoint:
         return
     with _otel_lock:
         if _otel_started:
@@ -114,6 +105,6 @@ def start_otel_bridge() -> None:
         _otel_started = True
     try:
         from vllm_spark_plugin.metrics.otel_bridge import OtelBridge
-        OtelBridge(endpoint, settings.current().otel_interval_seconds).start()
+        OtelBridge(settings.otel_endpoint, settings.otel_interval_seconds).start()
     except Exception as exc:
         errors.report("otel_bridge", exc)

@@ -10,12 +10,13 @@ from __future__ import annotations
 import logging
 import time
 
-from vllm_spark_plugin.hooks import after_import, channel
+from vllm_spark_plugin.hooks import after_import, channel, patching
+from vllm_spark_plugin.metrics.step import NOT_COUNTED, HookStep
 from vllm_spark_plugin.vllm.capabilities import SCHEDULER_MODULE
 
 log = logging.getLogger("vllm_spark_plugin")
 
-_HOOK_ATTR = "_vllm_spark_hooked"
+PATCH = "scheduler_hook"
 
 
 class _HookState:
@@ -65,17 +66,17 @@ def _busy(scheduler) -> bool:
 
 def _sampled_tokens(so, mro) -> int:
     """Tokens the step produced, only where speculative decoding makes it differ from one per
-    decoding stream (O(batch), so not counted otherwise); -1 when not counted."""
+    decoding stream (O(batch), so not counted otherwise); NOT_COUNTED otherwise."""
     if not getattr(so, "scheduled_spec_decode_tokens", None):
-        return -1
+        return NOT_COUNTED
     sampled = getattr(mro, "sampled_token_ids", None)
-    return sum(len(t) for t in sampled) if sampled is not None else -1
+    return sum(len(t) for t in sampled) if sampled is not None else NOT_COUNTED
 
 
-def install(on_error) -> None:
+def install(patch, settings, on_error) -> None:
     """Wrap the v1 Scheduler now, or as soon as its module is imported (engine core only)."""
 
-    after_import.patch_when_imported(SCHEDULER_MODULE, "step_hook",
+    after_import.patch_when_imported(SCHEDULER_MODULE, patch.probe,
                                      lambda module: patch_scheduler(module.Scheduler, on_error), on_error,
                                      "scheduler_hook_install", "per-step hook off in this engine core")
 
@@ -100,7 +101,7 @@ def patch_scheduler(Scheduler, on_error) -> None:
     """`on_error(where, exc)` is called (never raises) when the hook's own code fails; vLLM's result
     is returned untouched in that case."""
 
-    if getattr(Scheduler, _HOOK_ATTR, False):
+    if patching.marked(Scheduler, PATCH):
         return
     orig_schedule = Scheduler.schedule
     orig_update = Scheduler.update_from_output
@@ -138,15 +139,15 @@ def patch_scheduler(Scheduler, on_error) -> None:
                     if st.writer is not None:
                         pr, pt, dr, dt = _composition(scheduler_output)
                         pool = self.kv_cache_manager.block_pool
-                        st.writer.add(st.engine, int((end - start) * 1e6), pr, pt, dr, dt,
-                                      pool.get_num_free_blocks(), pool.num_gpu_blocks,
-                                      _sampled_tokens(scheduler_output, model_runner_output))
+                        st.writer.add(HookStep(st.engine, int((end - start) * 1e6), pr, pt, dr, dt,
+                                               pool.get_num_free_blocks(), pool.num_gpu_blocks,
+                                               _sampled_tokens(scheduler_output, model_runner_output)))
                         if not st.busy:
                             st.writer.flush()  # idle now: the last steps must not wait for the next load
         except Exception as exc:
             on_error("scheduler_hook", exc)
         return outputs
 
-    Scheduler.schedule = schedule
-    Scheduler.update_from_output = update_from_output
-    setattr(Scheduler, _HOOK_ATTR, True)
+    patching.replace(PATCH, Scheduler, "schedule", schedule)
+    patching.replace(PATCH, Scheduler, "update_from_output", update_from_output)
+    patching.mark(Scheduler, PATCH)

@@ -21,12 +21,12 @@ from __future__ import annotations
 import functools
 import logging
 
-from vllm_spark_plugin.hooks import after_import
+from vllm_spark_plugin.hooks import after_import, patching
 from vllm_spark_plugin.vllm.capabilities import EXECUTOR_MODULE
 
 log = logging.getLogger("vllm_spark_plugin")
 
-_HOOK_ATTR = "_vllm_spark_startup_hooked"
+PATCH = "startup_snapshot"
 # vLLM's CPU build does not run the CUDA check; what it does instead, in words for the log line
 CPU_KV_GIVEN = ("CPU build: the KV cache is sized by VLLM_CPU_KVCACHE_SPACE / --kv-cache-memory-bytes "
                 "({gib:.1f} GiB), not by gpu_memory_utilization {util:.2f}")
@@ -34,10 +34,10 @@ CPU_KV_UNSET = ("CPU build: vLLM compares gpu_memory_utilization {util:.2f} x th
                 "node's available memory, not with CUDA's free memory")
 
 
-def install(on_error) -> None:
+def install(patch, settings, on_error) -> None:
     """Wrap `Executor.__init__` now, or as soon as vLLM imports its module."""
 
-    after_import.patch_when_imported(EXECUTOR_MODULE, "startup_snapshot",
+    after_import.patch_when_imported(EXECUTOR_MODULE, patch.probe,
                                      lambda module: patch_executor(module.Executor, on_error), on_error,
                                      "startup_snapshot_install", "no unified-memory snapshot at engine start-up")
 
@@ -45,7 +45,7 @@ def install(on_error) -> None:
 def patch_executor(Executor, on_error) -> None:
     """`on_error(where, exc)` is called (never raises) when the snapshot fails; the executor is
     built either way."""
-    if Executor.__dict__.get(_HOOK_ATTR, False):
+    if patching.marked(Executor, PATCH):
         return
     orig_init = Executor.__init__
 
@@ -57,18 +57,14 @@ def patch_executor(Executor, on_error) -> None:
             on_error("startup_snapshot", exc)
         return orig_init(self, vllm_config, *args, **kwargs)
 
-    Executor.__init__ = __init__
-    setattr(Executor, _HOOK_ATTR, True)
+    patching.replace(PATCH, Executor, "__init__", __init__)
+    patching.mark(Executor, PATCH)
 
 
 def log_snapshot(vllm_config):
     """Log the start-up snapshot for this engine (what vLLM's check will compare, and the fix)."""
-    from vllm_spark_plugin import settings
     from vllm_spark_plugin.quant import memory_guard
     from vllm_spark_plugin.vllm import platform
-
-    if not settings.current().memory_guard:
-        return None
     cache = getattr(vllm_config, "cache_config", None)
     util = getattr(cache, "gpu_memory_utilization", None)
     if not isinstance(util, (int, float)):

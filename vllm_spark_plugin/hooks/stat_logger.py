@@ -12,24 +12,23 @@ import os
 
 from vllm.v1.metrics.loggers import StatLoggerBase
 
-from vllm_spark_plugin import settings
-from vllm_spark_plugin.hooks import channel, registration
-from vllm_spark_plugin.hooks.stats import unpack
-from vllm_spark_plugin.metrics import errors
-from vllm_spark_plugin.metrics.derive import derive
+from vllm_spark_plugin import settings as settings_mod
+from vllm_spark_plugin.common import errors
+from vllm_spark_plugin.hooks import STAT_LOGGER, channel, registration, stats
+from vllm_spark_plugin.metrics.step import HookStep
 from vllm_spark_plugin.vllm import capabilities, platform
 
 log = logging.getLogger("vllm_spark_plugin")
 _announced = False
 
 
-def features() -> dict[str, capabilities.Capability]:
+def features(settings: settings_mod.Settings) -> dict[str, capabilities.Capability]:
     """The capability probes, and the NVFP4 registration as it went in this process."""
     caps = capabilities.all_capabilities()
-    nv = registration.NVFP4_STATE
+    nv = registration.nvfp4_state()
     if caps["nvfp4_config"].ok and not nv["registered"] and nv["reason"] != "not tried":
         caps["nvfp4_config"] = capabilities.Capability("nvfp4_config", False, nv["reason"])
-    if not settings.current().scheduler_hook:
+    if not settings.scheduler_hook:
         caps["step_hook"] = capabilities.Capability("step_hook", False, "SPARK_PLUGIN_SCHEDULER_HOOK=0")
     return caps
 
@@ -49,23 +48,26 @@ class SparkStatLogger(StatLoggerBase):
         self.engine_index = engine_index
         self.exporter = None
         self.reader = None
-        self.hook_steps = False  # the engines' steps come through the channel (to this or another API server)
         self._engines: dict = {}
         try:
             from vllm_spark_plugin.metrics import exporter as exporter_mod
-            if settings.current().disable:
+            s = settings_mod.current()
+            if s.disable:
                 return
-            self.exporter = exporter_mod.get(platform.model_name(vllm_config))
+            self.caps = features(s)
+            announce(self.caps)
+            # the engines' steps come through the channel (to this or another API server of the serve)
+            hook_steps = channel.run_dir() is not None and self.caps["step_hook"].ok
+            self.exporter = exporter_mod.get(platform.model_name(vllm_config), s, hook_steps=hook_steps)
             self.exporter.set_total_blocks(platform.num_gpu_blocks(vllm_config))
             self.exporter.engine(engine_index)
-            self.caps = features()
-            announce(self.caps)
             self._set_info()
             self.exporter.absorb_errors_from(channel.read_spilled)
             self.exporter.start_background()
-            registration.start_otel_bridge()
-            self._start_reader()
-            self._time_deliveries()
+            registration.start_otel_bridge(s)
+            if hook_steps:
+                self._start_reader()
+            self._time_deliveries(s)
             log.info("vllm-spark-plugin: stat logger active in the API server (engine %d, pid %d, "
                      "%d KV blocks%s)", engine_index, os.getpid(), self.exporter.total_blocks or 0,
                      ", reading the engines' steps" if self.reader else "")
@@ -79,53 +81,37 @@ class SparkStatLogger(StatLoggerBase):
                                features_off=off or "none")
 
     def _start_reader(self) -> None:
-        directory = channel.run_dir()
-        if directory is None or not self.caps["step_hook"].ok:
-            return
-        self.hook_steps = True
-        reader = channel.StepReader(directory, self._on_step, errors.report)
+        reader = channel.StepReader(channel.run_dir(), self.record_step, self.count_invalid, errors.report)
         if reader.start():  # else another API server of this serve reads them
             self.reader = reader
 
-    def _time_deliveries(self) -> None:
-        """Per-stream rates and the SLO on the clock the client sees (`hooks.delivery`)."""
-        if not settings.current().delivery_clock or not self.caps["delivery_clock"].ok:
-            return
-        from vllm_spark_plugin.hooks import delivery
-        try:
-            delivery.install(self.exporter.engine(self.engine_index).record_delivered)
-            self.exporter.delivery_clock = True
-        except Exception as exc:
-            errors.report("delivery_install", exc)
+    def _time_deliveries(self, s: settings_mod.Settings) -> None:
+        """The stat-logger phase of the registry: per-stream rates and the SLO on the clock the client
+        sees (`hooks.delivery`), where its setting is on and its probe passes."""
+        done = registration.install(STAT_LOGGER, s, "api_server",
+                                    sink=self.exporter.engine(self.engine_index).record_delivered)
+        if done.get("delivery_clock"):
+            self.exporter.time_deliveries()
 
-    def _on_step(self, fields) -> None:
-        """One scheduler-hook step (channel thread): validated inline, recorded on the lean path."""
-        engine, step_us, pr, pt, dr, dt, free, total, sampled = fields
-        st = self._engines.get(engine)
+    def _engine(self, idx: int):
+        st = self._engines.get(idx)
         if st is None:
-            st = self._engines[engine] = self.exporter.engine(engine)
-        if step_us < 0 or pr < 0 or pt < 0 or dr < 0 or dt < 0:
-            st.children.invalid.inc()
-            return
-        batch = pr + dr
-        # vLLM's pool keeps one null block out of circulation: used = total - 1 - free
-        kv_used = max(0, total - 1 - free) if total > 0 and free >= 0 else None
-        tps = max(1.0, sampled / batch) if sampled >= 0 and batch else 1.0
-        st.record_hook_step(batch, step_us / 1e6, pt, dt, kv_used, tps)
+            st = self._engines[idx] = self.exporter.engine(idx)
+        return st
+
+    def record_step(self, step: HookStep) -> None:
+        """One scheduler-hook step from the channel (the reader thread)."""
+        self._engine(step.engine).record_step(step)
+
+    def count_invalid(self, fields) -> None:
+        """A channel record `HookStep.from_wire` refused: counted, not recorded."""
+        self._engine(fields[0] if fields and isinstance(fields[0], int) else 0).children.invalid.inc()
 
     def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
-        exp = self.exporter
-        if exp is None:
+        if self.exporter is None:
             return
         try:
-            st = self._engines.get(engine_idx)
-            if st is None:
-                st = self._engines[engine_idx] = exp.engine(engine_idx)
-            s = unpack(scheduler_stats, iteration_stats)
-            # with the hook's records arriving on the channel, the batch histogram is theirs (exact,
-            # one per step); vLLM's running count would count each step a second time
-            s.batch_from_running = not self.hook_steps
-            st.record(derive(s, exp.total_blocks))
+            self._engine(engine_idx).record_stats(stats.read(scheduler_stats, iteration_stats))
         except Exception as exc:
             errors.report("record", exc)
 

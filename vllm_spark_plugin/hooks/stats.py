@@ -1,44 +1,43 @@
-"""vLLM's per-step stats objects as the plugin reads them: plain `StepStats` out of `SchedulerStats`
-and `IterationStats` (API server), and out of the scheduler hook's records (`hooks.channel`).
+"""vLLM's per-step stats objects as the plugin reads them: a plain `EngineStats` out of
+`SchedulerStats` and `IterationStats` (API server).
 
 Fields are read with `getattr` defaults: a field a release renames or drops degrades to "unknown"
-and is counted in `missing`, never an exception.
+and is counted in `missing`, never an exception.  vLLM's objects are never modified.
 """
 from __future__ import annotations
 
-from vllm_spark_plugin.metrics.stepstats import FinishedRequest, StepStats
+from vllm_spark_plugin.metrics.engine_stats import EngineStats, FinishedRequest
 
 _MISSING = object()
 
 
-def unpack(scheduler_stats, iteration_stats) -> StepStats:
-    """Read vLLM's stats objects (any release in the window) into a StepStats; never modifies them."""
-    s = StepStats()
+def read(scheduler_stats, iteration_stats) -> EngineStats:
+    """Read vLLM's stats objects (any release in the window) into an EngineStats."""
+    s = EngineStats()
     if scheduler_stats is not None:
-        s.scheduler_present = True
-        s.running = getattr(scheduler_stats, "num_running_reqs", _MISSING)
-        s.waiting = getattr(scheduler_stats, "num_waiting_reqs", _MISSING)
-        s.kv_usage = getattr(scheduler_stats, "kv_cache_usage", _MISSING)
-        for name in ("running", "waiting", "kv_usage"):
-            if getattr(s, name) is _MISSING:
-                setattr(s, name, None)
+        for name, attr in (("running", "num_running_reqs"), ("waiting", "num_waiting_reqs"),
+                           ("kv_usage", "kv_cache_usage")):
+            v = getattr(scheduler_stats, attr, _MISSING)
+            if v is _MISSING:
                 s.missing += 1
-        s.spec_decoding = getattr(scheduler_stats, "spec_decoding_stats", None) is not None
+            else:
+                setattr(s, name, v)
     if iteration_stats is not None:
         if not hasattr(iteration_stats, "num_generation_tokens"):
             s.missing += 1
         s.generation_tokens = getattr(iteration_stats, "num_generation_tokens", 0)
         s.prompt_tokens = getattr(iteration_stats, "num_prompt_tokens", 0)
         s.preempted = getattr(iteration_stats, "num_preempted_reqs", 0)
-        s.ttfts = getattr(iteration_stats, "time_to_first_tokens_iter", None) or []
-        fin = getattr(iteration_stats, "finished_requests", None) or []
-        s.finished = [FinishedRequest(
-            generation_tokens=getattr(r, "num_generation_tokens", None),
-            decode_seconds=getattr(r, "decode_time", None),
-            prompt_tokens=getattr(r, "num_prompt_tokens", None),
-            reason=_reason(getattr(r, "finish_reason", None)),
-            e2e_seconds=getattr(r, "e2e_latency", None),
-        ) for r in fin]
+        s.ttfts = getattr(iteration_stats, "time_to_first_tokens_iter", None) or ()
+        fin = getattr(iteration_stats, "finished_requests", None)
+        if fin:
+            s.finished = [FinishedRequest(
+                generation_tokens=getattr(r, "num_generation_tokens", None),
+                decode_seconds=getattr(r, "decode_time", None),
+                prompt_tokens=getattr(r, "num_prompt_tokens", None),
+                reason=_reason(getattr(r, "finish_reason", None)),
+                e2e_seconds=getattr(r, "e2e_latency", None),
+            ) for r in fin]
     return s
 
 
@@ -47,15 +46,3 @@ def _reason(reason) -> str:
         return "unknown"
     name = getattr(reason, "name", None) or str(reason)
     return name.lower()
-
-
-def from_record(fields) -> tuple[int, StepStats]:
-    """(engine index, StepStats) of one scheduler-hook record (`hooks.channel.RECORD`)."""
-    engine, step_us, pre_reqs, pre_tokens, dec_reqs, dec_tokens, kv_free, kv_total, sampled = fields
-    s = StepStats(scheduler_present=True, step_seconds=step_us / 1e6, prefill_reqs=pre_reqs,
-                  prefill_tokens=pre_tokens, decode_reqs=dec_reqs, decode_tokens=dec_tokens,
-                  kv_free_blocks=kv_free if kv_free >= 0 else None,
-                  kv_total_blocks=kv_total if kv_total > 0 else None,
-                  sampled_tokens=sampled if sampled >= 0 else None)
-    s.running = pre_reqs + dec_reqs
-    return engine, s

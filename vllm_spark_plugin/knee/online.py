@@ -28,11 +28,14 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from vllm_spark_plugin.settings import Settings
+
 from .fit import MIN_STEP_SAMPLES, fit_steps
 from .result import KneeResult, finite_or_none
 from .slo_capacity import TtftCapacity, ttft_capacity
 
 _INF = math.inf
+_DEFAULTS = Settings()  # the settings owner's defaults, for estimators built without settings
 
 
 def _coerce_floors(floors) -> tuple[float, ...]:
@@ -56,8 +59,9 @@ class OnlineKneeEstimator:
     most every `refit_seconds` and returns the cached result in between.
     """
 
-    def __init__(self, window: int = 4096, halflife_seconds: float = 600.0, refit_seconds: float = 10.0,
-                 floors: Iterable[float] = (20.0,), clock: Callable[[], float] = time.monotonic,
+    def __init__(self, window: int = _DEFAULTS.knee_window, halflife_seconds: float = _DEFAULTS.knee_halflife_seconds,
+                 refit_seconds: float = _DEFAULTS.knee_refit_seconds, floors: Iterable[float] = _DEFAULTS.floors,
+                 clock: Callable[[], float] = time.monotonic,
                  *, bootstrap: int = 0, seed: int = 0, min_samples: int = MIN_STEP_SAMPLES,
                  ttft_slo_seconds: float | None = None, ttft_window: int = 1024) -> None:
         if not (isinstance(window, int) and window >= 2):
@@ -102,12 +106,11 @@ class OnlineKneeEstimator:
 
     @classmethod
     def from_settings(cls, settings, clock: Callable[[], float] = time.monotonic, **kwargs) -> "OnlineKneeEstimator":
-        """Build from `vllm_spark_plugin.settings.Settings` (SPARK_PLUGIN_KNEE_* and SPARK_PLUGIN_FLOORS)."""
-        from vllm_spark_plugin.slo_settings import from_settings
-        slo = from_settings(settings)
-        kwargs.setdefault("ttft_slo_seconds", slo.ttft_slo_seconds)
+        """Build from validated settings (`vllm_spark_plugin.settings.Settings`: SPARK_PLUGIN_KNEE_*,
+        SPARK_PLUGIN_FLOORS, SPARK_PLUGIN_TTFT_SLO_SECONDS)."""
+        kwargs.setdefault("ttft_slo_seconds", settings.ttft_slo_seconds)
         return cls(window=settings.knee_window, halflife_seconds=settings.knee_halflife_seconds,
-                   refit_seconds=settings.knee_refit_seconds, floors=slo.floors, clock=clock, **kwargs)
+                   refit_seconds=settings.knee_refit_seconds, floors=settings.floors, clock=clock, **kwargs)
 
     # ------------------------------------------------------------------ hot path
 

@@ -34,7 +34,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..metrics.names import BATCH_BUCKETS
+from ..definitions import BATCH_BUCKETS
 
 MIN_PER_LEVEL = 5
 

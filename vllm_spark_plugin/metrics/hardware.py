@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from vllm_spark_plugin.metrics import errors
+from vllm_spark_plugin.common import errors
 
 log = logging.getLogger("vllm_spark_plugin")
 

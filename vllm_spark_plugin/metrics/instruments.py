@@ -11,7 +11,7 @@ import threading
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 
-from vllm_spark_plugin.metrics import errors
+from vllm_spark_plugin.common import errors
 from vllm_spark_plugin.metrics import names as n
 
 LABELS = ("model_name", "engine")
@@ -114,6 +114,10 @@ class Instruments:
                            registry=r)
         if registry is REGISTRY:  # the process's exporter counts contained errors; a test registry does not
             errors.bind_counter(self.errors)
+
+    def collectors(self) -> list:
+        """The plugin's own collectors (what the OpenTelemetry bridge reads; vLLM's are not among them)."""
+        return [v for v in vars(self).values() if isinstance(v, (Counter, Gauge, Histogram))]
 
 
 def get() -> Instruments:

@@ -6,57 +6,34 @@ no permission, a container without `/dev/kmsg`) logs one line the first time and
 gauge at 0, with no error loop.  Malformed input is counted in `vllm_spark_plugin_errors_total
 {where="invalid_<source>"}`.
 
-Setting (in `settings.Settings`, validated here: a bad value is logged by name and the default kept):
-
-    SPARK_PLUGIN_KERNEL_LOG   the kernel log to follow: a /dev/kmsg-format path (default /dev/kmsg),
-                              or off
+The kernel log followed is the `kernel_log` setting (SPARK_PLUGIN_KERNEL_LOG, validated by
+`settings`: an absolute /dev/kmsg-format path, default /dev/kmsg, or off), handed in by the exporter.
 """
 from __future__ import annotations
 
 import logging
-import os
 
-from vllm_spark_plugin.metrics import errors
-from vllm_spark_plugin.metrics import memory_sources as ms
+from vllm_spark_plugin.common import errors
+from vllm_spark_plugin.common import memory_sources as ms
 
 log = logging.getLogger("vllm_spark_plugin")
 
-KERNEL_LOG_ENV = "SPARK_PLUGIN_KERNEL_LOG"
-OFF = ("off", "0", "false", "no", "none")
 MEMINFO_EXPORTED = ("MemFree", "Cached", "Buffers", "SReclaimable", "Shmem", "SwapTotal", "SwapFree")
 MEMINFO_PATH = "/proc/meminfo"
 PSI_PATH = "/proc/pressure/memory"
 MEMINFO, PSI, KERNEL_LOG, NVML_MEMORY = "meminfo", "psi", "kernel_log", "nvml_memory"
 
 
-def kernel_log_path(environ=None) -> str | None:
-    """The kernel log to follow (None: off).  A value that is neither `off` nor an absolute path is
-    logged by name and the default kept."""
-    if environ is None:
-        from vllm_spark_plugin import settings
-        raw = settings.current().kernel_log.strip()
-    else:
-        raw = (environ.get(KERNEL_LOG_ENV) or "").strip()
-    if not raw:
-        return ms.KMSG_PATH
-    if raw.lower() in OFF:
-        return None
-    if not os.path.isabs(raw):
-        log.warning("vllm-spark-plugin: %s=%r is neither 'off' nor an absolute path; using %s",
-                    KERNEL_LOG_ENV, raw, ms.KMSG_PATH)
-        return ms.KMSG_PATH
-    return raw
-
-
 class MemoryTelemetry:
     """One per process (the hardware leader).  `ins` is the Instruments object."""
 
     def __init__(self, ins, meminfo_path: str = MEMINFO_PATH, psi_path: str = PSI_PATH,
-                 kernel_log: str | None | bool = True) -> None:
+                 kernel_log: str | None = ms.KMSG_PATH) -> None:
+        """`kernel_log`: the path followed for NVRM events (the `kernel_log` setting); None or "": off."""
         self.ins = ins
         self.meminfo_path = meminfo_path
         self.psi_path = psi_path
-        self.kernel_log = kernel_log_path() if kernel_log is True else (kernel_log or None)
+        self.kernel_log = kernel_log or None
         self._kmsg: ms.KmsgReader | None = None
         self._kmsg_tried = False
         self._psi_total: dict[str, float] = {}
@@ -132,7 +109,7 @@ class MemoryTelemetry:
 
     def sample_kernel_log(self) -> ms.KernelLog | None:
         if self.kernel_log is None:
-            self._available(KERNEL_LOG, False, f"turned off by {KERNEL_LOG_ENV}")
+            self._available(KERNEL_LOG, False, "turned off by SPARK_PLUGIN_KERNEL_LOG")
             return None
         if self._kmsg is None:
             if self._kmsg_tried:

@@ -62,17 +62,12 @@ MEMORY_SOURCE_AVAILABLE = PREFIX + "memory_source_available"      # gauge 0/1, l
 PLUGIN_ERRORS = PREFIX + "plugin_errors_total"                    # counter, label where
 INFO = PREFIX + "info"                                            # gauge=1
 
-# Bucket bounds.  Batch sizes are integers: bounds sit on them so "le=16" means "at most 16".
-BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024)
-STEP_TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
-STEP_DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05,
-                         0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0)
-# SLO-grade: TTFT SLOs must sit on a bound (0.2, 0.5, 1, 2, 3, 5 s are all bounds).
-TTFT_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 30.0, 60.0)
-# Per-stream decode rate: steps of at most ~10%, so a median read from the histogram is within a few
-# percent of the true one from 1 tok/s (a loaded Spark) to 2,000 tok/s (a tiny model on a CPU); the
-# 20 tok/s floor of seed 003 (and 5, 10, 15, 30, 40, 60) are bounds, so SLO queries are exact.
-STREAM_RATE_BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 18, 20, 22, 24, 26, 28,
-                       30, 33, 36, 40, 44, 48, 52, 56, 60, 65, 70, 75, 80, 90, 100, 110, 120, 130, 140,
-                       150, 165, 180, 200, 220, 240, 260, 280, 300, 330, 360, 400, 440, 480, 520, 560,
-                       600, 650, 700, 750, 800, 900, 1000, 1100, 1200, 1350, 1500, 1750, 2000)
+# Bucket bounds are shared measures (the knee's TTFT capacity and the SLO rule read them too):
+# defined in `definitions`, named here with the metrics they bucket.
+from vllm_spark_plugin.definitions import (  # noqa: E402,F401
+    BATCH_BUCKETS,
+    STEP_DURATION_BUCKETS,
+    STEP_TOKEN_BUCKETS,
+    STREAM_RATE_BUCKETS,
+    TTFT_BUCKETS,
+)

@@ -1,9 +1,13 @@
 """Optional OpenTelemetry bridge: the plugin's Prometheus instruments, exported over OTLP/HTTP.
 
 Off by default (SPARK_PLUGIN_OTEL_ENDPOINT empty).  It never touches the per-step path: a daemon
-thread reads prometheus-client's registry every interval, converts the `vllm_spark_*` families to
-OTLP metrics (counters -> cumulative monotonic sums, gauges -> gauges, histograms -> cumulative
-explicit-bucket histograms) and exports them.  The series are the same ones /metrics serves.
+thread collects the plugin's own instruments every interval (only them: vLLM's series, which share
+the process's registry, are neither collected nor converted), and when any value changed since the
+last export converts them to OTLP metrics (counters -> cumulative monotonic sums, gauges -> gauges,
+histograms -> cumulative explicit-bucket histograms) and exports them.  Nothing changed: no
+conversion and no export, but for a keep-alive export every `KEEPALIVE_SECONDS` (receivers expire
+series they have not seen for 5 minutes).  The series are the same ones /metrics serves.
+`benchmarks/render_overhead.py` measures the cost.
 """
 from __future__ import annotations
 
@@ -11,21 +15,30 @@ import logging
 import threading
 import time
 
-from prometheus_client import REGISTRY
-
 from vllm_spark_plugin import __version__
-from vllm_spark_plugin.metrics import errors
+from vllm_spark_plugin.common import errors
 from vllm_spark_plugin.metrics.names import PREFIX
 
 log = logging.getLogger("vllm_spark_plugin")
+KEEPALIVE_SECONDS = 240.0
 
 
 def _attrs(labels: dict) -> dict:
     return {k: v for k, v in labels.items() if k != "le"}
 
 
-def collect_metrics_data(registry=REGISTRY, start_ns: int | None = None):
-    """Prometheus registry -> opentelemetry.sdk.metrics.export.MetricsData (vllm_spark_* only)."""
+def collect(collectors) -> list:
+    """The metric families of `collectors` (prometheus-client collectors), vllm_spark_* only."""
+    return [fam for c in collectors for fam in c.collect() if fam.name.startswith(PREFIX)]
+
+
+def fingerprint(families) -> tuple:
+    """Every sample's name, labels and value: equal fingerprints mean nothing changed."""
+    return tuple((s.name, tuple(s.labels.items()), s.value) for fam in families for s in fam.samples)
+
+
+def collect_metrics_data(families, start_ns: int | None = None):
+    """Prometheus metric families -> opentelemetry.sdk.metrics.export.MetricsData (vllm_spark_* only)."""
     from opentelemetry.sdk.metrics.export import (AggregationTemporality, Gauge, Histogram,
                                                   HistogramDataPoint, Metric, MetricsData,
                                                   NumberDataPoint, ResourceMetrics, ScopeMetrics, Sum)
@@ -35,7 +48,7 @@ def collect_metrics_data(registry=REGISTRY, start_ns: int | None = None):
     now = time.time_ns()
     start = start_ns or now
     metrics = []
-    for fam in registry.collect():
+    for fam in families:
         if not fam.name.startswith(PREFIX):
             continue
         if fam.type == "counter":
@@ -83,23 +96,45 @@ def collect_metrics_data(registry=REGISTRY, start_ns: int | None = None):
 
 
 class OtelBridge:
-    def __init__(self, endpoint: str, interval_seconds: float = 10.0, registry=REGISTRY, exporter=None) -> None:
+    def __init__(self, endpoint: str, interval_seconds: float = 10.0, collectors=None, exporter=None,
+                 clock=time.monotonic) -> None:
+        """`collectors`: what to export (default: the process's plugin instruments)."""
         if exporter is None:
             from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
             if not endpoint.rstrip("/").endswith("/v1/metrics"):
                 endpoint = endpoint.rstrip("/") + "/v1/metrics"
             exporter = OTLPMetricExporter(endpoint=endpoint, timeout=5)
+        if collectors is None:
+            from vllm_spark_plugin.metrics import instruments
+            collectors = instruments.get().collectors()
         self.exporter = exporter
         self.interval = interval_seconds
-        self.registry = registry
+        self.collectors = collectors
+        self.clock = clock
         self.start_ns = time.time_ns()
+        self._last: tuple | None = None
+        self._last_export = 0.0
+        self.exports = 0
+        self.skipped = 0  # intervals in which nothing changed
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def export_once(self) -> bool:
+    def export_once(self, force: bool = False) -> bool:
+        """Export when a value changed (or `force`, or the keep-alive is due); True unless the export
+        failed."""
         from opentelemetry.sdk.metrics.export import MetricExportResult
-        result = self.exporter.export(collect_metrics_data(self.registry, self.start_ns))
-        return result == MetricExportResult.SUCCESS
+        families = collect(self.collectors)
+        key = fingerprint(families)
+        now = self.clock()
+        if not force and key == self._last and now - self._last_export < KEEPALIVE_SECONDS:
+            self.skipped += 1
+            return True
+        result = self.exporter.export(collect_metrics_data(families, self.start_ns))
+        ok = result == MetricExportResult.SUCCESS
+        if ok:  # a failed export is retried next interval even when nothing changed
+            self._last, self._last_export = key, now
+            self.exports += 1
+        return ok
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):

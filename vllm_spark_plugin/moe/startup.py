@@ -15,21 +15,20 @@ _lock = threading.Lock()
 _decision: policy.Decision | None = None
 
 
-def decide_once(moe_config, quant_config) -> policy.Decision:
+def decide_once(moe_config, quant_config, setting: str = "") -> policy.Decision:
+    """`setting`: the SPARK_PLUGIN_MOE_BACKEND setting, handed in by the inbound side."""
     global _decision
     with _lock:
         if _decision is not None:
             return _decision
-        _decision = _decide(moe_config, quant_config)
+        _decision = _decide(moe_config, quant_config, setting)
         policy.record(_decision)
         return _decision
 
 
-def _decide(moe_config, quant_config) -> policy.Decision:
-    from vllm_spark_plugin import settings
+def _decide(moe_config, quant_config, setting: str) -> policy.Decision:
     from vllm_spark_plugin.vllm import kernels, platform
 
-    setting = settings.current().moe_backend
     vllm_backend = str(getattr(moe_config, "moe_backend", policy.AUTO) or policy.AUTO)
     capability = platform.device_capability() if platform.has_cuda() else None
     if capability is None or not policy.is_sm12x(capability) or vllm_backend != policy.AUTO:

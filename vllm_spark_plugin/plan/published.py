@@ -41,7 +41,7 @@ def deployment_for(entry: dict, hardware: str = "gb10") -> Deployment:
 
 
 def entry_class(entry: dict) -> str:
-    """The error class a figure belongs to (the README reports errors per class)."""
+    """The error class a figure belongs to (docs/plan.md reports errors per class)."""
     if entry.get("engine_key", "vllm") != "vllm":
         return "other engines"
     if entry.get("spec"):

@@ -147,7 +147,7 @@ DROP_CACHES = "sync; echo 3 | sudo tee /proc/sys/vm/drop_caches"
 def startup_snapshot(meminfo: dict[str, int], utilization: float, total_bytes: int | None = None) -> StartupSnapshot:
     """`meminfo` as from `read_meminfo` (bytes); `total_bytes` is CUDA's device total when known
     (about MemTotal on GB10)."""
-    from vllm_spark_plugin.metrics.memory_sources import Meminfo
+    from vllm_spark_plugin.common.memory_sources import Meminfo
 
     info = Meminfo(dict(meminfo))
     total = int(total_bytes or meminfo["MemTotal"])

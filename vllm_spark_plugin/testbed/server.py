@@ -39,7 +39,7 @@ def log_tail(path: Path, lines: int = 40) -> str:
 
 
 def cpu_env() -> dict[str, str]:
-    """Environment the CPU build of vLLM needs on these machines (see README, 'test bed')."""
+    """Environment the CPU build of vLLM needs on these machines (docs/testing.md, 'The CPU test bed')."""
     return {
         "VLLM_TARGET_DEVICE": "cpu",
         "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),

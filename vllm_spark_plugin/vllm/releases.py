@@ -3,7 +3,7 @@
 Adding a release: add it here (with the build that installs on a CPU machine), run
 `bash scripts/release-matrix.sh VERSION`, fix what `tests/contract/test_vllm_port.py` and the served
 checks find (in `vllm_spark_plugin/vllm/` and `hooks/`, entries in `hooks.PATCHES`), and paste the
-table it prints into the README.
+table it prints into docs/vllm-releases.md ("The vLLM release window").
 """
 from __future__ import annotations
 
