@@ -2,7 +2,7 @@
 quality, a verdict and a capacity.
 
 How close the live K comes to the K of the ramp's own sweep is a measurement of two wall clocks on
-shared cores (benchmarks/knee_agreement.py, figures in the README); the two estimators' agreement on
+shared cores (benchmarks/knee_agreement.py, figures in docs/knee.md); the two estimators' agreement on
 steps whose timing is controlled is tests/unit/test_bench_fake.py's
 test_live_and_sweep_knee_agree_on_the_same_steps."""
 from __future__ import annotations
