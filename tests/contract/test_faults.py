@@ -13,7 +13,10 @@ import pytest
 from vllm.v1.engine import FinishReason
 from vllm.v1.metrics.stats import FinishedRequestStats, IterationStats, SchedulerStats
 
+from vllm_spark_plugin.hooks import channel
 from vllm_spark_plugin.hooks.stat_logger import SparkStatLogger
+from vllm_spark_plugin.metrics.step import LAYOUT
+from vllm_spark_plugin.metrics.telemetry import Hardware
 
 
 def cfg(blocks=101, name="fault-model"):
@@ -51,10 +54,11 @@ def test_broken_scheduler_stats_are_contained_and_counted(fresh, logger, what, s
 
 def test_broken_hook_records_are_contained_and_counted(fresh, logger):
     """A scheduler-hook record with impossible values (a step of negative length, a negative batch)."""
-    logger._on_step((0, -5, -1, 0, 2, 2, -1, 0, -1))
+    reader = channel.StepReader("/nonexistent", logger.record_step, logger.count_invalid, pytest.fail)
+    reader.deliver(LAYOUT.pack(0, -5, -1, 0, 2, 2, -1, 0, -1))  # as the channel's thread hands it on
     assert fresh.errors_total() == 1
     assert fresh.sample("vllm_spark_step_duration_seconds_count", model_name="fault-model", engine="0") == 0
-    logger._on_step((0, 20_000, 0, 0, 2, 2, 50, 101, -1))  # the next good record is recorded
+    reader.deliver(LAYOUT.pack(0, 20_000, 0, 0, 2, 2, 50, 101, -1))  # the next good record is recorded
     assert fresh.sample("vllm_spark_step_duration_seconds_count", model_name="fault-model", engine="0") == 1
 
 
@@ -108,7 +112,7 @@ class ReadingsThrowNvml(OneGpu, ThrowingNvml):
 def test_nvml_that_throws_on_every_call(fresh):
     exp = fresh.exporter("fault-model")
     for _ in range(3):
-        exp._hw = None
+        exp.hardware = Hardware(exp.ins, exp.settings.kernel_log)  # a fresh sampler each round
         exp.sample_hardware(nvml=ThrowingNvml())  # must not raise
     assert fresh.errors_total() > 0
     # memory still comes from /proc even when NVML is broken
@@ -166,7 +170,6 @@ def test_gb10_like_nvml_energy_deltas_and_gauges(fresh):
     exp = fresh.exporter("gb10")
     sample = fresh.sample
     fake = Gb10Nvml()
-    exp._hw = None
     e0 = sample("vllm_spark_gpu_energy_joules_total", gpu="0")
     exp.sample_hardware(nvml=fake)   # first reading is the baseline
     exp.sample_hardware(nvml=fake)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import types
 
 from vllm_spark_plugin.hooks.stat_logger import SparkStatLogger
+from vllm_spark_plugin.metrics.step import HookStep
 
 MODEL = "first-scrape-model"
 
@@ -22,7 +23,7 @@ def test_too_few_points_before_the_first_fit_then_the_refit_verdict(fresh):
     assert verdicts()["too few points"] == 1
     for i in range(600):  # steps of t = 20 ms + 1 ms per stream, batches 1..32
         b = 1 + i % 32
-        logger._on_step((0, 20_000 + 1_000 * b, 0, 0, b, b, 50, 101, -1))
+        logger.record_step(HookStep(0, 20_000 + 1_000 * b, 0, 0, b, b, 50, 101, -1))
     exp.refresh_knee()
     v = verdicts()
     assert sum(v.values()) == 1 and v["too few points"] == 0, v

@@ -16,7 +16,8 @@ from prometheus_client import REGISTRY
 from vllm_spark_plugin.metrics import exporter as exporter_mod
 from vllm_spark_plugin.metrics import instruments
 from vllm_spark_plugin.common import memory_sources as ms
-from vllm_spark_plugin.metrics.memory_telemetry import MemoryTelemetry, kernel_log_path
+from vllm_spark_plugin import settings
+from vllm_spark_plugin.metrics.memory_telemetry import MemoryTelemetry
 
 DATA = Path(__file__).resolve().parents[1] / "unit" / "data" / "memory_sources"
 GB10_NO_MEMORY = ("NVRM: nvCheckOkFailedNoLog: Check failed: Out of memory [NV_ERR_NO_MEMORY] (0x00000051) "
@@ -106,10 +107,13 @@ def test_psi_stall_counter_counts_deltas(tmp_path):
 
 
 def test_kernel_log_setting():
-    assert kernel_log_path({}) == "/dev/kmsg"
-    assert kernel_log_path({"SPARK_PLUGIN_KERNEL_LOG": "off"}) is None
-    assert kernel_log_path({"SPARK_PLUGIN_KERNEL_LOG": "/var/log/kmsg-copy"}) == "/var/log/kmsg-copy"
-    assert kernel_log_path({"SPARK_PLUGIN_KERNEL_LOG": "relative/path"}) == "/dev/kmsg"
+    def kernel_log(env):
+        return settings.load(env, announce=False).kernel_log
+    assert kernel_log({}) == "/dev/kmsg"
+    assert kernel_log({"SPARK_PLUGIN_KERNEL_LOG": "off"}) == ""
+    assert kernel_log({"SPARK_PLUGIN_KERNEL_LOG": "/var/log/kmsg-copy"}) == "/var/log/kmsg-copy"
+    relative = settings.load({"SPARK_PLUGIN_KERNEL_LOG": "relative/path"}, announce=False)
+    assert relative.kernel_log == "/dev/kmsg" and "SPARK_PLUGIN_KERNEL_LOG" in relative.problems[0]
 
 
 @pytest.mark.skipif(not os.access("/dev/kmsg", os.R_OK | os.W_OK), reason="needs read and write access to /dev/kmsg")
@@ -174,11 +178,11 @@ class Gb10Nvml(_OneGpu):
 
 
 def test_nvml_memory_where_reported_and_not_on_gb10():
-    exp = exporter_mod.Exporter("memory-nvml")
+    exp = exporter_mod.Exporter("memory-nvml", settings.Settings())
     exp.sample_hardware(nvml=DiscreteNvml())
     assert value("vllm_spark_gpu_memory_bytes", gpu="0", kind="free") == 10 << 30
     assert value("vllm_spark_memory_source_available", source="nvml_memory") == 1
-    gb10 = exporter_mod.Exporter("memory-gb10")
+    gb10 = exporter_mod.Exporter("memory-gb10", settings.Settings())
     gb10.sample_hardware(nvml=Gb10Nvml())
     assert value("vllm_spark_memory_source_available", source="nvml_memory") == 0
     assert value("vllm_spark_memory_source_available", source="meminfo") == 1  # /proc/meminfo of this machine

@@ -6,8 +6,10 @@ from __future__ import annotations
 import logging
 import types
 
+from vllm_spark_plugin.hooks import PATCHES, patching
 from vllm_spark_plugin.hooks import scheduler as hook
 from vllm_spark_plugin.hooks import stat_logger as sl
+from vllm_spark_plugin.settings import Settings
 from vllm_spark_plugin.vllm import capabilities
 
 MODEL = "outside-window-model"
@@ -30,7 +32,7 @@ def test_a_missing_piece_turns_one_feature_off_plainly(fresh, monkeypatch, caplo
     assert len(said) == 1 and "step_hook (LookupError: SchedulerOutput lacks scheduled_new_reqs)" in said[0]
     info = [lab for lab, v in fresh.values("vllm_spark_info", model_name=MODEL) if v == 1]
     assert len(info) == 1 and info[0]["features_off"] == "step_hook"
-    assert logger.reader is None and not logger.hook_steps  # the batch comes from vLLM's running count
+    assert logger.reader is None and not logger.exporter.hook_steps  # the batch comes from vLLM's running count
     from vllm.v1.metrics.stats import IterationStats, SchedulerStats
     it = IterationStats()
     it.num_generation_tokens = 3
@@ -54,7 +56,7 @@ def test_the_engine_core_leaves_the_scheduler_unpatched(monkeypatch, caplog):
     monkeypatch.setitem(__import__("sys").modules, capabilities.SCHEDULER_MODULE, module)
     errs = []
     with caplog.at_level(logging.WARNING, logger="vllm_spark_plugin"):
-        hook.install(lambda where, exc: errs.append(where))
-    assert errs == [] and not getattr(Scheduler, "_vllm_spark_hooked", False)
+        hook.install(next(p for p in PATCHES if p.name == hook.PATCH), Settings(), lambda where, exc: errs.append(where))
+    assert errs == [] and not patching.marked(Scheduler, hook.PATCH)
     assert Scheduler().schedule() == "out"
     assert any("per-step hook off in this engine core" in r.getMessage() for r in caplog.records)

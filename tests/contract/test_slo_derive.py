@@ -6,8 +6,8 @@ import pytest
 from vllm.v1.engine import FinishReason
 from vllm.v1.metrics.stats import FinishedRequestStats, IterationStats
 
-from vllm_spark_plugin.hooks.stats import unpack
-from vllm_spark_plugin.metrics.derive import derive
+from vllm_spark_plugin.hooks import stats
+from vllm_spark_plugin.metrics.derive import finished_values
 
 
 def _iteration(*finished: FinishedRequestStats) -> IterationStats:
@@ -23,9 +23,9 @@ def test_finished_requests_carry_ttft_rate_and_tokens():
                                 e2e_latency=0.4, num_prompt_tokens=16),
            FinishedRequestStats(finish_reason=FinishReason.ABORT, num_generation_tokens=0, decode_time=0.0,
                                 e2e_latency=3.0, num_prompt_tokens=16)]
-    d = derive(unpack(None, _iteration(*fin)))
-    assert len(d.finished_slo) == 3, "FinishedRequest lacks e2e_seconds (vLLM's e2e_latency): nothing is judged"
-    (t1, r1, n1), (t2, r2, n2), (t3, r3, n3) = d.finished_slo
+    d = finished_values(stats.read(None, _iteration(*fin)).finished)
+    assert len(d.slo) == 3, "FinishedRequest lacks e2e_seconds (vLLM's e2e_latency): nothing is judged"
+    (t1, r1, n1), (t2, r2, n2), (t3, r3, n3) = d.slo
     assert (t1, r1, n1) == (pytest.approx(0.5), pytest.approx(32.0), 65)
     assert (t2, r2, n2) == (pytest.approx(0.4), None, 1)      # one token: TTFT alone
     assert (t3, r3, n3) == (None, None, 0)                    # aborted before its first token

@@ -12,7 +12,7 @@ import types
 import pytest
 
 from vllm_spark_plugin.hooks import scheduler as hook
-from vllm_spark_plugin.hooks.stats import unpack
+from vllm_spark_plugin.hooks import stats
 from vllm_spark_plugin.vllm import capabilities, platform
 
 
@@ -38,7 +38,7 @@ def test_the_stat_logger_entry_point_loads_through_vllms_own_loader():
     assert issubclass(SparkStatLogger, loggers.StatLoggerBase)
 
 
-def test_unpack_reads_every_field_of_real_stats_objects():
+def test_stats_read_every_field_of_real_stats_objects():
     from vllm.v1.engine import FinishReason
     from vllm.v1.metrics.stats import FinishedRequestStats, IterationStats, SchedulerStats
 
@@ -49,7 +49,7 @@ def test_unpack_reads_every_field_of_real_stats_objects():
     kw = {k: v for k, v in dict(finish_reason=FinishReason.LENGTH, num_generation_tokens=9, decode_time=0.4,
                                  num_prompt_tokens=7).items() if k in names}
     it.finished_requests = [FinishedRequestStats(**kw)]
-    s = unpack(SchedulerStats(num_running_reqs=3, num_waiting_reqs=1, kv_cache_usage=0.5), it)
+    s = stats.read(SchedulerStats(num_running_reqs=3, num_waiting_reqs=1, kv_cache_usage=0.5), it)
     assert s.missing == 0
     assert (s.running, s.waiting, s.kv_usage) == (3, 1, 0.5)
     assert s.generation_tokens == 5 and s.ttfts == [0.1]
@@ -88,7 +88,8 @@ def test_the_hook_wraps_the_real_scheduler_and_sends_each_step(tmp_path, monkeyp
     from vllm_spark_plugin.hooks import channel
     monkeypatch.setenv(channel.RUN_DIR_ENV, str(tmp_path))
     got, errs = [], []
-    reader = channel.StepReader(str(tmp_path), got.append, lambda w, e: errs.append((w, e)))
+    reader = channel.StepReader(str(tmp_path), got.append, lambda f: errs.append(("invalid", f)),
+                                lambda w, e: errs.append((w, e)))
     assert reader.start()
     outputs = iter([_scheduler_output({"a": 100}, {}), _scheduler_output({}, {"a": (1, 1)})])
 
@@ -132,8 +133,11 @@ def test_the_hook_wraps_the_real_scheduler_and_sends_each_step(tmp_path, monkeyp
 def test_nvfp4_config_registers_and_claims_modelopt_nvfp4():
     from vllm.model_executor.layers.quantization import get_quantization_config
 
-    from vllm_spark_plugin.hooks import nvfp4_claim, registration
-    assert registration.register_nvfp4()
+    from vllm_spark_plugin import settings
+    from vllm_spark_plugin.hooks import PATCHES, nvfp4_claim
+    patch = next(p for p in PATCHES if p.name == "nvfp4_claim")
+    assert nvfp4_claim.install(patch, settings.Settings(), lambda where, exc: pytest.fail(f"{where}: {exc}"))
+    assert nvfp4_claim.STATE["registered"]
     claim = get_quantization_config(nvfp4_claim.SPARK_NVFP4)
     cfg = {"quant_method": "modelopt", "quantization": {"quant_algo": "NVFP4", "group_size": 16}}
     assert claim.override_quantization_method(cfg, None) == nvfp4_claim.SPARK_NVFP4  # no CUDA here
@@ -182,7 +186,7 @@ def test_the_startup_snapshot_wraps_the_real_executor_before_its_workers(monkeyp
     assert list(inspect.signature(Executor.__init__).parameters)[:2] == ["self", "vllm_config"]
     assert "gpu_memory_utilization" in {f.name for f in dataclasses.fields(CacheConfig)}
     monkeypatch.setattr(Executor, "__init__", Executor.__init__)  # restored after the test
-    monkeypatch.setattr(Executor, startup._HOOK_ATTR, False, raising=False)
+    monkeypatch.setattr(Executor, "_vllm_spark_" + startup.PATCH, False, raising=False)  # patching.mark's marker
     order = []
 
     class Probe(Executor):

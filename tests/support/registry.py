@@ -19,10 +19,12 @@ class Fresh:
         self._monkeypatch = monkeypatch
         monkeypatch.setattr(exporter_mod, "get", self.exporter)
 
-    def exporter(self, model: str, settings, hook_steps: bool = False) -> exporter_mod.Exporter:
-        """One exporter per test (its instruments take the registry's names once)."""
+    def exporter(self, model: str, settings=None, hook_steps: bool = False) -> exporter_mod.Exporter:
+        """One exporter per test (its instruments take the registry's names once); default settings."""
         if self.exp is None:
-            self.exp = exporter_mod.Exporter(model, settings, registry=self.registry, hook_steps=hook_steps)
+            from vllm_spark_plugin.settings import Settings
+            self.exp = exporter_mod.Exporter(model, settings or Settings(), registry=self.registry,
+                                             hook_steps=hook_steps)
             self._monkeypatch.setattr(errors, "_counter", self.exp.ins.errors)
         assert self.exp.model == model
         return self.exp

@@ -30,17 +30,17 @@ _sink = None  # callable(Delivered), set by install(); None: the wrapper only pa
 _ARRIVAL: contextvars.ContextVar = contextvars.ContextVar("vllm_spark_http_arrival", default=None)
 
 
-def install(sink) -> bool:
-    """Wrap AsyncLLM.generate (and stamp HTTP arrivals) once per process; the first sink stays."""
+def install(patch, settings, on_error, sink, **_context) -> bool:
+    """Wrap AsyncLLM.generate (and stamp HTTP arrivals) once per process; the first sink stays
+    (`sink(Delivered)`: one engine's `record_delivered`).  False when the probe fails."""
     global _ORIGINAL, _sink
+    if not getattr(capabilities, patch.probe)().ok:
+        return False
     if _sink is None:  # one sink per process: the first engine's (data parallel: docs/metrics.md)
         _sink = sink
     if _ORIGINAL is not None:
         return True
-    cls = capabilities.engine_client_class()
-    _ORIGINAL = cls.generate
-    generate.__wrapped__ = _ORIGINAL  # the probe (and inspect) read vLLM's own signature
-    cls.generate = generate
+    _ORIGINAL = patching.replace(PATCH, capabilities.engine_client_class(), "generate", generate)
     _stamp_http_arrivals()
     return True
 

@@ -86,7 +86,7 @@ def register_nvfp4_quantization() -> bool:
 STATE: dict = {"registered": False, "reason": "not tried"}  # for vllm_spark_info and doctor
 
 
-def install(patch, settings, on_error, role: str = "") -> bool:
+def install(patch, settings, on_error, role: str = "", **_context) -> bool:
     """Register the NVFP4 config where the installed vLLM has every piece it builds on (the probe);
     the API server says once why not."""
     import logging

@@ -32,20 +32,20 @@ def install_function(patch: Patch):
     return getattr(importlib.import_module(module), name)
 
 
-def applies(patch: Patch, phase: str, settings: settings_mod.Settings, role: str) -> bool:
+def applies(patch: Patch, phase: str, settings: settings_mod.Settings, process: str) -> bool:
     """The patch belongs to this phase, runs in this process, and its setting is on."""
     return (patch.phase == phase and bool(patch.install)
-            and (EVERY in patch.processes or role in patch.processes)
+            and (EVERY in patch.processes or process in patch.processes)
             and (not patch.setting or bool(getattr(settings, patch.setting))))
 
 
-def install(phase: str, settings: settings_mod.Settings, role: str, **context) -> dict[str, object]:
+def install(phase: str, settings: settings_mod.Settings, process: str, **context) -> dict[str, object]:
     """Install the registry's patches of `phase` for this process: name -> what its install function
     returned (patches skipped by their setting or process are absent).  A failing install is counted
     under `<name>_install` and the others still go in."""
     done = {}
     for patch in PATCHES:
-        if not applies(patch, phase, settings, role):
+        if not applies(patch, phase, settings, process):
             continue
         try:
             done[patch.name] = install_function(patch)(patch, settings, errors.report, **context)
@@ -72,7 +72,7 @@ def register_all() -> None:
         policy.ensure_state_path()  # before vLLM spawns the engine: its processes inherit the path
     except Exception as exc:
         errors.report("moe_state_path", exc)
-    install(PLUGIN_LOAD, s, role, role=role)
+    install(PLUGIN_LOAD, s, role, role=role)  # role: who logs what is off (the API server)
 
 
 def install_tuned_configs(patch, settings, on_error, **_context) -> str | None:

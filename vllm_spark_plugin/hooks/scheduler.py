@@ -73,7 +73,7 @@ def _sampled_tokens(so, mro) -> int:
     return sum(len(t) for t in sampled) if sampled is not None else NOT_COUNTED
 
 
-def install(patch, settings, on_error) -> None:
+def install(patch, settings, on_error, **_context) -> None:
     """Wrap the v1 Scheduler now, or as soon as its module is imported (engine core only)."""
 
     after_import.patch_when_imported(SCHEDULER_MODULE, patch.probe,

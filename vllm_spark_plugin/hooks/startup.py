@@ -34,7 +34,7 @@ CPU_KV_UNSET = ("CPU build: vLLM compares gpu_memory_utilization {util:.2f} x th
                 "node's available memory, not with CUDA's free memory")
 
 
-def install(patch, settings, on_error) -> None:
+def install(patch, settings, on_error, **_context) -> None:
     """Wrap `Executor.__init__` now, or as soon as vLLM imports its module."""
 
     after_import.patch_when_imported(EXECUTOR_MODULE, patch.probe,

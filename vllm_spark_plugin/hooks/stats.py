@@ -18,9 +18,9 @@ def read(scheduler_stats, iteration_stats) -> EngineStats:
         for name, attr in (("running", "num_running_reqs"), ("waiting", "num_waiting_reqs"),
                            ("kv_usage", "kv_cache_usage")):
             v = getattr(scheduler_stats, attr, _MISSING)
-            if v is _MISSING:
+            if v is _MISSING or (v is None and name == "running"):  # vLLM always fills its running count
                 s.missing += 1
-            else:
+            elif v is not None:
                 setattr(s, name, v)
     if iteration_stats is not None:
         if not hasattr(iteration_stats, "num_generation_tokens"):

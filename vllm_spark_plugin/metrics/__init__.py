@@ -1,0 +1,10 @@
+"""The metrics core: what one engine step becomes on /metrics.
+
+`step` (the scheduler hook's record: layout and validation), `engine_stats` (vLLM's own stats of a
+step, in plain types), `derive` (pure derivations), `engine` (recording: one write path per source),
+`instruments` and `names` (the metric contract), `exporter` (the process's exporter), `telemetry`
+(the background loop: hardware, memory sources, profile, other processes' errors, refits),
+`knee_gauges` (what a refit publishes), `hardware` (NVML), `memory_telemetry` (unified-memory
+failure signals), `delivery` (the per-request clock the client sees), `otel_bridge` (OTLP export).
+docs/architecture.md has the map.
+"""
