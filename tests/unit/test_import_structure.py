@@ -86,3 +86,85 @@ def test_domain_code_never_imports_the_inbound_side():
 
 def test_the_graph_was_read():
     assert f"{PKG}.hooks.stat_logger" in MODULES and f"{PKG}.metrics.exporter" in GRAPH[f"{PKG}.hooks.stat_logger"]
+
+
+# --- the map (docs/architecture.md) ----------------------------------------------------------------
+TOP_LEVEL = {PKG, f"{PKG}.cli", f"{PKG}.settings", f"{PKG}.definitions"}  # entry points and the shared owners
+GROUND = {"definitions", "settings", "common", "vllm", "__init__"}  # every package may import these
+# domain package -> the other domain packages it may import (the inbound side `hooks` and the command
+# table `cli` may import any of them)
+ALLOWED = {
+    "common": set(),
+    "knee": set(),
+    "quant": set(),
+    "metrics": {"knee"},
+    "grafana": {"metrics"},
+    "bench": {"knee", "metrics", "plan", "doctor"},
+    "plan": {"knee"},
+    "moe": {"quant"},
+    "doctor": {"moe", "quant"},
+    "gpu_check": {"metrics", "moe", "quant"},
+    "acceptance": {"bench", "doctor", "plan", "knee"},
+    "testbed": {"bench", "knee", "metrics", "plan", "cli"},
+}
+ANY = {"hooks", "cli"}
+
+
+def package_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def test_nothing_loose_at_the_top_but_the_entry_points_and_the_shared_owners():
+    loose = {m for m, p in MODULES.items() if p.parent == ROOT and p.name != "__init__.py"} | {PKG}
+    assert loose == TOP_LEVEL
+
+
+def test_every_package_is_on_the_map_and_imports_only_what_it_may():
+    packages = {package_of(m) for m, p in MODULES.items() if p.parent != ROOT}
+    assert packages - ANY - {"vllm"} <= set(ALLOWED), f"not on the map: {sorted(packages - ANY - {'vllm'} - set(ALLOWED))}"
+    bad = []
+    for m, deps in GRAPH.items():
+        a = package_of(m)
+        if a in ANY or a in ("vllm", "__init__"):
+            continue
+        for d in deps:
+            b = package_of(d)
+            if b == a or b in GROUND - {a}:
+                continue
+            if a in ("definitions", "settings", "common") or b not in ALLOWED.get(a, set()):
+                bad.append(f"{m} -> {d}")
+    assert bad == []
+
+
+def test_the_ground_floor_imports_nothing_above_it():
+    for m in MODULES:
+        a = package_of(m)
+        allowed = {"definitions": set(), "common": {"definitions"}, "settings": {"definitions", "common"}}.get(a)
+        if allowed is not None:
+            assert {package_of(d) for d in GRAPH[m]} - {a} <= allowed, m
+
+
+def test_every_package_says_what_it_holds():
+    for m, p in MODULES.items():
+        if p.name == "__init__.py":
+            doc = ast.get_docstring(ast.parse(p.read_text(encoding="utf-8")))
+            assert doc and len(doc) > 40, f"{m}: an __init__ without a docstring saying what the package holds"
+
+
+def test_only_the_inbound_side_takes_the_process_settings():
+    """Domain code is handed its settings; `settings.current()` is the inbound side's to call."""
+    callers = set()
+    for m, p in MODULES.items():
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "current"
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id in ("settings", "settings_mod")):
+                callers.add(m)
+    assert {m for m in callers if not under(m, PORT_IN)} == set()
+
+
+def test_the_architecture_page_names_every_package():
+    page = (ROOT.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
+    for name in set(ALLOWED) | ANY | {"vllm"}:
+        if (ROOT / name).is_dir():
+            assert f"`{name}/`" in page, f"docs/architecture.md does not place {name}/"

@@ -4,7 +4,8 @@
 
 Checks: vLLM version, plugin entry point, device and compute capability, which FP4 MoE backends
 import, whether the FP4 kernels compiled into vLLM carry code for the device's SM (doctor/kernels.py;
-`--sm 12.1` checks for another device), environment variables vLLM no longer reads, the
+`--sm 12.1` checks for another device), environment variables vLLM no longer reads,
+the SPARK_PLUGIN_* settings as the server reads them (the settings file included) and the
 SPARK_PLUGIN_MOE_BACKEND setting,
 gpu_memory_utilization against MemAvailable (unified memory), eager mode, the tuned-config folder;
 and (doctor/memory.py) vLLM's start-up memory check, reclaimable headroom, NVRM driver events, VLLM_*
@@ -234,8 +235,11 @@ def run_checks(env: Mapping[str, str] | None = None, serve: ServeArgs | None = N
     else:
         checks.append(Check("stale_env", OK, "none of " + ", ".join(STALE_ENV) + " is set"))
 
+    from vllm_spark_plugin import settings as settings_mod
     from vllm_spark_plugin.moe import policy
-    setting = env.get("SPARK_PLUGIN_MOE_BACKEND", "").strip().lower()
+    plugin_settings = settings_mod.load(env, announce=False)  # what the server reads, the settings file included
+    checks.append(_settings_check(plugin_settings, env))
+    setting = plugin_settings.moe_backend
     if setting and setting not in policy.SM12X_PREFERENCE + (policy.AUTO,):
         checks.append(Check("moe_setting", FAIL, f"SPARK_PLUGIN_MOE_BACKEND={setting!r} is not one of "
                             + ", ".join(policy.SM12X_PREFERENCE), "set it to one of those, or unset it"))
@@ -273,6 +277,16 @@ def run_checks(env: Mapping[str, str] | None = None, serve: ServeArgs | None = N
     from vllm_spark_plugin.doctor import memory as doctor_memory  # unified memory, driver events, unknown env, capture sizes
     checks.extend(doctor_memory.checks(env, serve, probe, cuda))
     return checks
+
+
+def _settings_check(s, env: Mapping[str, str]) -> Check:
+    """The plugin's own settings as the server will read them: each problem is what it logs."""
+    source = f" (and {env['SPARK_PLUGIN_CONFIG']})" if env.get("SPARK_PLUGIN_CONFIG") else ""
+    if s.problems:
+        return Check("settings", FAIL, "; ".join(s.problems),
+                     "fix or unset the named settings: the server ignores them and keeps the defaults")
+    return Check("settings", OK, f"SPARK_PLUGIN_* settings valid{source}: TTFT SLO {s.ttft_slo_seconds:g} s, "
+                 f"floors {','.join(f'{f:g}' for f in s.floors)} tok/s")
 
 
 def _memory_check(cuda: bool, serve: ServeArgs, probe: Probe) -> Check:
