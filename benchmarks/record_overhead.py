@@ -5,7 +5,9 @@ Both loggers are fed the same sequence of vLLM stats objects (real `SchedulerSta
 N running streams: every step each stream gets a token, requests finish after `--output-len` tokens
 and are replaced at once (so TTFTs and finished requests arrive at the steady-state rate).  The
 scheduler hook's record for the step (which reaches the plugin on its own channel) is recorded too,
-as in production: the plugin's cost per step is `record()` plus the hook record.  Each logger gets
+as in production: the plugin's cost per step is `record()` plus the hook record, handed to the
+channel reader's public `deliver` in the engine core's batches of 64 records (as the reader thread
+receives them).  Each logger gets
 its own copy of the stream; timings are medians of several runs.
 
     python benchmarks/record_overhead.py [--streams 1 64 256] [--steps 2000] [--runs 7]
@@ -32,7 +34,7 @@ def make_stats(n: int, steps: int, output_len: int):
     finish_acc = 0.0
     for step in range(steps):
         s = SchedulerStats(num_running_reqs=n, num_waiting_reqs=0, kv_cache_usage=min(1.0, n / 512))
-        hook = (0, 20_000 + 150 * n, 0, 0, n, n, 4096 - 4 * n, 4097, -1)
+        hook = (0, 20_000 + 150 * n, 0, 0, n, n, 4096 - 4 * n, 4097, -1)  # a metrics.step.HookStep's fields
         it = IterationStats()
         it.num_generation_tokens = n
         it.inter_token_latencies_iter = [0.02 + 0.00015 * n] * n
@@ -57,13 +59,20 @@ def vllm_config(model: str):
     return EngineArgs(model=model, enforce_eager=True, max_model_len=2048, dtype="bfloat16").create_engine_config()
 
 
-def time_logger(logger, stats) -> float:
-    on_step = getattr(logger, "_on_step", None)  # the plugin: the hook's record of the same step
+def time_logger(logger, stats, reader=None) -> float:
+    """us per step; `reader`: the plugin's channel reader, handed the hook's records of the steps."""
+    from vllm_spark_plugin.metrics.step import LAYOUT
+    batches = []  # the hook's records, packed as the engine core sends them (64 a datagram)
+    if reader is not None:
+        for i in range(0, len(stats), 64):
+            batches.append(b"".join(LAYOUT.pack(*h) for _, _, h in stats[i:i + 64]))
     t0 = time.perf_counter_ns()
-    for s, it, hook in stats:
+    for k, (s, it, _hook) in enumerate(stats):
         logger.record(s, it, None, 0)
-        if on_step is not None:
-            on_step(hook)
+        if reader is not None and k % 64 == 63:
+            reader.deliver(batches[k // 64])
+    if reader is not None and len(stats) % 64:
+        reader.deliver(batches[-1])
     return (time.perf_counter_ns() - t0) / len(stats) / 1000.0  # us per step
 
 
@@ -78,14 +87,19 @@ def main(argv=None) -> int:
 
     from vllm.v1.metrics.loggers import PrometheusStatLogger
 
+    from vllm_spark_plugin.hooks import channel
     from vllm_spark_plugin.hooks.stat_logger import SparkStatLogger
     from vllm_spark_plugin.testbed.tiny_model import ensure_tiny_model
 
+    # as in `vllm serve`: a run directory, so the hook's records count the batches (hook_steps)
+    os.environ.setdefault(channel.RUN_DIR_ENV, channel.ensure_run_dir())
     cfg = vllm_config(str(ensure_tiny_model()))
     cfg.cache_config.num_gpu_blocks = 4097
     theirs = PrometheusStatLogger(cfg, engine_indexes=[0])
     ours = SparkStatLogger(cfg, engine_index=0)
     ours.exporter.stop_background()  # measure record() alone, not the telemetry thread
+    assert ours.exporter.hook_steps
+    reader = channel.StepReader("unbound", ours.record_step, ours.count_invalid, print)  # never started
 
     rows = []
     print(f"{'streams':>8} {'vLLM us/step':>13} {'plugin us/step':>15} {'ratio':>7}", flush=True)
@@ -95,15 +109,15 @@ def main(argv=None) -> int:
         for _ in range(args.runs):
             # alternate, on fresh copies, so drift and caches hit both alike
             v_times.append(time_logger(theirs, copy.deepcopy(base)))
-            p_times.append(time_logger(ours, copy.deepcopy(base)))
+            p_times.append(time_logger(ours, copy.deepcopy(base), reader))
         v, pl = statistics.median(v_times), statistics.median(p_times)
         rows.append({"streams": n, "vllm_us_per_step": round(v, 2), "plugin_us_per_step": round(pl, 2),
                      "ratio": round(pl / v, 3), "runs": args.runs, "steps": args.steps})
         print(f"{n:>8} {v:>13.2f} {pl:>15.2f} {pl / v:>7.3f}", flush=True)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps({"rows": rows, "python": sys.version.split()[0]}, indent=2) + "\n")
-    ok = all(r["ratio"] <= 1.0 for r in rows) and all(r["plugin_us_per_step"] <= 50 for r in rows if r["streams"] == 256)
-    print("targets (ratio <= 1, <= 50 us at 256 streams):", "met" if ok else "NOT met")
+    ok = all(r["ratio"] <= 0.5 for r in rows) and all(r["plugin_us_per_step"] <= 50 for r in rows if r["streams"] == 256)
+    print("targets (ratio <= 0.5, <= 50 us at 256 streams):", "met" if ok else "NOT met")
     return 0 if ok else 1
 
 
