@@ -73,7 +73,7 @@ def vllm_server(tiny_model_path, artifacts_dir, otlp_receiver):
     """The main CPU `vllm serve` with the plugin (shared by every server test).
 
     Its OpenTelemetry bridge is on, exporting to a real OTLP/HTTP receiver every 5 s.  Its latency SLO
-    (TTFT 30 s, floors 20 and 100,000 tok/s: one met easily, one never) is what test_slo_e2e.py judges by.
+    (TTFT 30 s, floors 20 and 2,000 tok/s: one met easily, one never) is what test_slo_e2e.py judges by.
     """
     server = _start(tiny_model_path, artifacts_dir, "vllm-server-main",
                     env={"SPARK_PLUGIN_OTEL_ENDPOINT": otlp_receiver.endpoint,

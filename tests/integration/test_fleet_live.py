@@ -32,21 +32,20 @@ def test_fleet_capacity_is_the_sum_of_the_instances(vllm_server_pair):
     with PrometheusProcess([a.metrics_url, b.metrics_url]) as prom:
         prom.wait_for('count(up{job="vllm"} == 1) == 2', timeout=60)
         both = f"count(count by (instance) (vllm_spark_capacity_streams{{{q.floor_matcher(floor)}}})) == 2"
-        # Each instance reports a capacity once its own step-time fit has a positive slope.  Two
-        # servers sharing two cores make step times noisy, so the load is repeated (up to three
-        # times) until both fits resolve one; the fits' state is shown if they never do.
-        for attempt in range(3):
-            counts = drive([a.base_url, b.base_url], a.model, seconds=20, concurrency=8, max_tokens=32)
-            assert counts["requests"] >= 16, counts
-            try:
-                prom.wait_for(both, timeout=30)
-                break
-            except TimeoutError:
-                if attempt == 2:
-                    state = prom.query('vllm_spark_knee_verdict == 1 or vllm_spark_knee_fit_samples '
-                                       'or vllm_spark_knee_batch_size or vllm_spark_capacity_streams')
-                    pytest.fail(f"no capacity at {floor:g} tok/s from both instances after 3 loads; "
-                                f"fit state: {[(s['metric'], s['value'][1]) for s in state]}")
+        # Each instance reports a capacity once its step-time fit has a positive slope.  The load makes
+        # that so by construction: every server first runs one stream alone, then 16 at once, so each
+        # fit holds steps at batch 1 and at batch 16, and a step of 16 streams takes longer than a step
+        # of one on any machine; the next refit (every 10 s) publishes it.
+        solo = drive([a.base_url, b.base_url], a.model, seconds=8, concurrency=1, max_tokens=32, stagger=0)
+        counts = drive([a.base_url, b.base_url], a.model, seconds=12, concurrency=16, max_tokens=32, stagger=0)
+        assert solo["requests"] >= 2 and counts["requests"] >= 32, (solo, counts)
+        try:
+            prom.wait_for(both, timeout=60)
+        except TimeoutError:
+            state = prom.query('vllm_spark_knee_verdict == 1 or vllm_spark_knee_fit_samples '
+                               'or vllm_spark_knee_batch_size or vllm_spark_capacity_streams')
+            pytest.fail(f"no capacity at {floor:g} tok/s from both instances; "
+                        f"fit state: {[(s['metric'], s['value'][1]) for s in state]}")
         time.sleep(2)
         at = time.time() - 1  # one evaluation instant for every query
         exprs = _panel_exprs(a.model)

@@ -76,9 +76,14 @@ def register_all() -> None:
 
 
 def install_tuned_configs(patch, settings, on_error, **_context) -> str | None:
-    """The `tuned_configs` entry: GB10 fused-MoE configs on VLLM_TUNED_CONFIG_FOLDER."""
+    """The `tuned_configs` entry: GB10 fused-MoE configs on VLLM_TUNED_CONFIG_FOLDER (a failure is
+    counted under where="tuned_configs", its name on /metrics since the first release)."""
     from vllm_spark_plugin.moe import tuned_configs
-    return tuned_configs.apply()
+    try:
+        return tuned_configs.apply()
+    except Exception as exc:
+        on_error("tuned_configs", exc)
+        return None
 
 
 def nvfp4_state() -> dict:
