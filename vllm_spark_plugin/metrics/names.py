@@ -50,7 +50,7 @@ GPU_UTILIZATION = PREFIX + "gpu_utilization_ratio"                # gauge 0-1
 GPU_CLOCK_EVENT = PREFIX + "gpu_clock_event_active"               # gauge 0/1, label reason
 UNIFIED_MEMORY = PREFIX + "unified_memory_bytes"                  # gauge, label kind=total|available|used
 MEMORY_PRESSURE = PREFIX + "memory_pressure_ratio"                # gauge, label window (PSI some avg10..)
-# unified-memory failures (metrics/memory_sources.py): what explains a driver allocation failure
+# unified-memory failures (common/memory_sources.py): what explains a driver allocation failure
 MEMINFO = PREFIX + "meminfo_bytes"                                # gauge, label field=MemFree|Cached|Buffers|SReclaimable|Shmem|SwapTotal|SwapFree
 MEMORY_RECLAIMABLE = PREFIX + "memory_reclaimable_bytes"          # gauge, Cached + Buffers - Shmem + SReclaimable
 MEMORY_PRESSURE_STALL = PREFIX + "memory_pressure_stall_seconds_total"  # counter, label kind=some|full (PSI total deltas)
