@@ -61,11 +61,11 @@ def vllm_config(model: str):
 
 def time_logger(logger, stats, reader=None) -> float:
     """us per step; `reader`: the plugin's channel reader, handed the hook's records of the steps."""
-    from vllm_spark_plugin.metrics.step import LAYOUT
+    from vllm_spark_plugin.metrics.step import HookStep
     batches = []  # the hook's records, packed as the engine core sends them (64 a datagram)
     if reader is not None:
         for i in range(0, len(stats), 64):
-            batches.append(b"".join(LAYOUT.pack(*h) for _, _, h in stats[i:i + 64]))
+            batches.append(b"".join(HookStep(*h).pack() for _, _, h in stats[i:i + 64]))
     t0 = time.perf_counter_ns()
     for k, (s, it, _hook) in enumerate(stats):
         logger.record(s, it, None, 0)
@@ -74,6 +74,26 @@ def time_logger(logger, stats, reader=None) -> float:
     if reader is not None and len(stats) % 64:
         reader.deliver(batches[-1])
     return (time.perf_counter_ns() - t0) / len(stats) / 1000.0  # us per step
+
+
+def loggers():
+    """vLLM's own PrometheusStatLogger and the plugin's, for the tiny model's config, in this process's
+    registry; the plugin's as in `vllm serve` (a run directory, so the hook's records count the
+    batches) with its telemetry thread stopped (the loggers' own work is what is measured)."""
+    from vllm.v1.metrics.loggers import PrometheusStatLogger
+
+    from vllm_spark_plugin.hooks import channel
+    from vllm_spark_plugin.hooks.stat_logger import SparkStatLogger
+    from vllm_spark_plugin.testbed.tiny_model import ensure_tiny_model
+
+    os.environ.setdefault(channel.RUN_DIR_ENV, channel.ensure_run_dir())
+    cfg = vllm_config(str(ensure_tiny_model()))
+    cfg.cache_config.num_gpu_blocks = 4097
+    theirs = PrometheusStatLogger(cfg, engine_indexes=[0])
+    ours = SparkStatLogger(cfg, engine_index=0)
+    ours.exporter.stop_background()
+    assert ours.exporter.hook_steps
+    return theirs, ours
 
 
 def main(argv=None) -> int:
@@ -85,20 +105,9 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=str(Path(__file__).parent / "results" / "record_overhead.json"))
     args = p.parse_args(argv)
 
-    from vllm.v1.metrics.loggers import PrometheusStatLogger
-
     from vllm_spark_plugin.hooks import channel
-    from vllm_spark_plugin.hooks.stat_logger import SparkStatLogger
-    from vllm_spark_plugin.testbed.tiny_model import ensure_tiny_model
 
-    # as in `vllm serve`: a run directory, so the hook's records count the batches (hook_steps)
-    os.environ.setdefault(channel.RUN_DIR_ENV, channel.ensure_run_dir())
-    cfg = vllm_config(str(ensure_tiny_model()))
-    cfg.cache_config.num_gpu_blocks = 4097
-    theirs = PrometheusStatLogger(cfg, engine_indexes=[0])
-    ours = SparkStatLogger(cfg, engine_index=0)
-    ours.exporter.stop_background()  # measure record() alone, not the telemetry thread
-    assert ours.exporter.hook_steps
+    theirs, ours = loggers()
     reader = channel.StepReader("unbound", ours.record_step, ours.count_invalid, print)  # never started
 
     rows = []

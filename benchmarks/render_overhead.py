@@ -43,21 +43,12 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
-    from vllm.v1.metrics.loggers import PrometheusStatLogger
 
-    from record_overhead import make_stats, vllm_config
-    from vllm_spark_plugin.hooks import channel
-    from vllm_spark_plugin.hooks.stat_logger import SparkStatLogger
+    from record_overhead import loggers, make_stats
     from vllm_spark_plugin.metrics import otel_bridge
     from vllm_spark_plugin.metrics.step import HookStep
-    from vllm_spark_plugin.testbed.tiny_model import ensure_tiny_model
 
-    os.environ.setdefault(channel.RUN_DIR_ENV, channel.ensure_run_dir())
-    cfg = vllm_config(str(ensure_tiny_model()))
-    cfg.cache_config.num_gpu_blocks = 4097
-    theirs = PrometheusStatLogger(cfg, engine_indexes=[0])
-    ours = SparkStatLogger(cfg, engine_index=0)
-    ours.exporter.stop_background()
+    theirs, ours = loggers()
     for s, it, hook in make_stats(args.streams, 2000, 256):
         theirs.record(s, it, None, 0)
         ours.record(s, it, None, 0)
