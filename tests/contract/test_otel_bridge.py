@@ -64,3 +64,37 @@ def test_bridge_failure_is_counted_not_raised():
         time.sleep(0.1)
     bridge.stop()
     assert now > before
+
+
+def test_bridge_converts_only_the_plugins_series_and_nothing_when_nothing_changed():
+    """The exporter seam counts what the bridge hands it: an unchanged interval hands nothing, a
+    change (or the keep-alive) hands the plugin's families only."""
+    from opentelemetry.sdk.metrics.export import MetricExportResult
+    from prometheus_client import CollectorRegistry, Counter
+
+    from vllm_spark_plugin.metrics import instruments, otel_bridge
+
+    class Seam:
+        def __init__(self):
+            self.batches = []
+
+        def export(self, data):
+            self.batches.append([m.name for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics])
+            return MetricExportResult.SUCCESS
+
+    registry = CollectorRegistry()
+    ins = instruments.Instruments(registry)
+    Counter("vllm:foreign_total", "vLLM's own series in the same registry", registry=registry).inc()
+    now = [0.0]
+    seam = Seam()
+    bridge = OtelBridge("unused", collectors=ins.collectors(), exporter=seam, clock=lambda: now[0])
+    ins.generation_tokens.labels("m", "0").inc(3)
+    assert bridge.export_once() and len(seam.batches) == 1
+    assert "vllm_spark_generation_tokens_total" in seam.batches[0]
+    assert all(n.startswith("vllm_spark_") for n in seam.batches[0])
+    now[0] = 10.0
+    assert bridge.export_once() and len(seam.batches) == 1 and bridge.skipped == 1  # nothing changed
+    ins.generation_tokens.labels("m", "0").inc()
+    assert bridge.export_once() and len(seam.batches) == 2                       # a change
+    now[0] = 10.0 + otel_bridge.KEEPALIVE_SECONDS
+    assert bridge.export_once() and len(seam.batches) == 3                       # the keep-alive
