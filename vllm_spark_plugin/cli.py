@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("vllm_spark_plugin.plan.cli", "predict memory fit, curve, knee and capacity from model and hardware specs"),
     "dashboards": ("vllm_spark_plugin.grafana.cli", "regenerate the Grafana dashboards (and alert rules) with your SLOs"),
     "doctor": ("vllm_spark_plugin.doctor", "check the environment and print concrete fixes"),
+    "check": ("vllm_spark_plugin.acceptance.cli", "acceptance run against your server: doctor, adaptive sweep, the planner's prediction beside it"),
     "convert-nvfp4": ("vllm_spark_plugin.quant.convert", "convert a bf16 Hugging Face checkpoint to ModelOpt NVFP4"),
     "tune-moe": ("vllm_spark_plugin.moe.tune", "produce tuned Triton fused-MoE configs on this GPU"),
 }

@@ -321,13 +321,14 @@ def test_rates_match_known_timings_and_all_outputs_written(fake, tmp_path, capsy
     from prometheus_client import CollectorRegistry
 
     from vllm_spark_plugin.knee.loaders import load_points
-    from vllm_spark_plugin.metrics.exporter import Exporter
+    from vllm_spark_plugin.metrics import instruments, knee_gauges
     (curve_points,) = load_points(out / "sweep.csv").values()
     assert [(p.concurrency, p.trials) for p in curve_points] == [(c, 2) for c in (1, 2, 4, 8, 16)]
     assert [p.per_stream_tokens_per_second for p in curve_points] == [float(p["per_stream_median_tps"])
                                                                        for p in points]
     registry = CollectorRegistry()
-    assert Exporter("bench-test-model", registry=registry).load_profile(str(out / "capacity_profile.json"))
+    assert knee_gauges.load_profile(instruments.Instruments(registry), "bench-test-model",
+                                    str(out / "capacity_profile.json"))
     assert registry.get_sample_value("vllm_spark_profile_knee_batch_size",
                                      {"model_name": "bench-test-model"}) == pytest.approx(profile["knee"])
     assert registry.get_sample_value("vllm_spark_profile_capacity_streams",

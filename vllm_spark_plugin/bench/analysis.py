@@ -29,6 +29,7 @@ class CurveAnalysis:
     knee: dict | None = None  # KneeResult.to_json()
     slo: LatencySLO | None = None
     slo_capacity: int | None = None  # highest concurrency whose attainment >= slo.target
+    search: dict | None = None  # AdaptiveSearch.outcome() when --levels auto chose the levels
 
     @property
     def points(self) -> list[SweepPoint]:
@@ -48,11 +49,11 @@ class CurveAnalysis:
         for f in self.floors:
             n = self.capacity.get(floor_key(f))
             parts.append(f"highest concurrency with median per-stream rate >= {f:g} tok/s: "
-                         f"{n if n is not None else 'none measured'}")
+                         f"{n if n is not None else 'none measured'}" + self._boundary_note("floor", f))
         if self.slo is not None:
             n = self.slo_capacity
             parts.append(f"highest concurrency with SLO attainment >= {self.slo.target:.4g} ({slo_text(self.slo)}): "
-                         f"{n if n is not None else 'none measured'}")
+                         f"{n if n is not None else 'none measured'}" + self._boundary_note("slo", self.slo.target))
         k = self.knee_value()
         if k is None:
             verdict = (self.knee or {}).get("verdict", "no fit")
@@ -63,6 +64,27 @@ class CurveAnalysis:
             extra = " (extrapolated beyond the measured range)" if (self.knee or {}).get("extrapolated") else ""
             parts.append(f"knee {k:.1f}{ci_txt}{extra}")
         return f"{self.key.label} / {self.key.workload}: " + "; ".join(parts)
+
+    def boundary(self, kind: str, threshold: float) -> dict | None:
+        """The adaptive search's account of one boundary (None for a fixed ladder)."""
+        for b in (self.search or {}).get("boundaries") or []:
+            if b["kind"] == kind and math.isclose(b["threshold"], threshold):
+                return b
+        return None
+
+    def _boundary_note(self, kind: str, threshold: float) -> str:
+        b = self.boundary(kind, threshold)
+        if b is None:
+            return ""
+        lo, hi = b["bracket"]
+        doubt = f"; shaky: {', '.join(b['doubts'])}" if b.get("doubts") else ""
+        if b["status"] == "known to one stream":
+            return f" (known to one stream: {hi} misses it{doubt})" if lo else f" (even {hi} misses it)"
+        if b["status"] == "bracketed":
+            return f" (bracketed: {hi} misses it; not narrowed further{doubt})"
+        if b["status"] == "not bracketed":
+            return " (met at every measured level: the boundary lies higher)"
+        return ""
 
 
 def fit_knee(points: list[SweepPoint], floors: tuple[float, ...], ttft_slo: float | None = None) -> dict | None:
@@ -98,6 +120,7 @@ def analyze(record: RunRecord, floors: tuple[float, ...], ttft_slo: float | None
             a.slo_capacity = _int_or_none(highest_concurrency_meeting(
                 ((r.concurrency, r.metrics.slo_attainment) for r in rows), slo.target))
         a.knee = fit_knee(pts, floors, ttft_slo)
+        a.search = record.searches.get(key)
         out.append(a)
     return out
 
@@ -149,6 +172,8 @@ def capacity_profile(a: CurveAnalysis, date: str, source: str) -> dict:
         "label": a.key.label,
         "workload": a.key.workload,
         "max_measured_concurrency": max((r.concurrency for r in a.rows), default=None),
+        "levels": "auto" if a.search else "ladder",
+        "search": None if a.search is None else {k: v for k, v in a.search.items() if k != "decisions"},
         "slo": None if a.slo is None else {
             "ttft_seconds": a.slo.ttft_seconds, "floor_tokens_per_second": a.slo.floor_tokens_per_second,
             "e2e_seconds": a.slo.e2e_seconds, "target_attainment": a.slo.target, "capacity": a.slo_capacity,

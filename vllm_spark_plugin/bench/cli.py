@@ -23,11 +23,14 @@ from .progress import Progress
 from .results import (CSV_COLUMNS, CSV_NAME, META_NAME, STREAM_COLUMNS, STREAMS_NAME, CsvWriter, RunRecord,
                       write_json)
 from .server_info import PreflightError, ServerInfo, collect, preflight, tokenize
+from .adaptive import Budget, BudgetError, SearchConfig
 from .sweep import DEFAULT_LEVELS, EndpointTarget, ServerGone, SweepConfig, SweepRunner, now_iso
 from .workloads import WORKLOAD_NAMES, ContextError, PromptFactory, Workload, make_workload
 
 SCENARIOS = ("sweep", "prefill-interference", "prefix-reuse")
 EXIT_PREFLIGHT, EXIT_USAGE, EXIT_SERVER_FAILED, EXIT_INTERRUPTED = 1, 2, 3, 130
+AUTO = "auto"
+AUTO_DEFAULTS = Budget()  # --budget-points, --budget-seconds, --max-concurrency, --auto-start
 
 
 class UsageError(ValueError):
@@ -42,6 +45,11 @@ def _int_list(text: str) -> tuple[int, ...]:
     if not vals or any(v < 1 for v in vals):
         raise argparse.ArgumentTypeError(f"concurrency levels must be integers >= 1, got {text!r}")
     return tuple(sorted(set(vals)))
+
+
+def _levels(text: str) -> tuple[int, ...] | str:
+    """`auto` (the adaptive search) or a comma-separated list of levels."""
+    return AUTO if text.strip().lower() == AUTO else _int_list(text)
 
 
 def _float_list(text: str) -> tuple[float, ...]:
@@ -74,6 +82,34 @@ def _fraction(text: str) -> float:
     if not 0 < v <= 1:
         raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1], e.g. 0.99, got {text!r}")
     return v
+
+
+AUTO_FLAGS = ("budget_points", "budget_seconds", "max_concurrency", "auto_start")
+
+
+def search_config(args) -> SearchConfig | None:
+    """The adaptive search of --levels auto (None for a fixed ladder).  Raises UsageError for a
+    budget that cannot work or a search flag without --levels auto."""
+    given = [f"--{name.replace('_', '-')}" for name in AUTO_FLAGS if getattr(args, name, None) is not None]
+    if args.levels != AUTO:
+        if given:
+            raise UsageError(f"{', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} to --levels auto only")
+        return None
+    d = AUTO_DEFAULTS
+    budget = Budget(max_points=args.budget_points or d.max_points,
+                    max_seconds=args.budget_seconds or d.max_seconds,
+                    max_concurrency=args.max_concurrency or d.max_concurrency, start=args.auto_start or d.start)
+    slo = latency_slo(args)
+    try:
+        return SearchConfig.make(args.floor, slo_target=None if slo is None else slo.target, budget=budget)
+    except BudgetError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _search_json(cfg: SearchConfig) -> dict:
+    b = cfg.budget
+    return {"budget_points": b.max_points, "budget_seconds": b.max_seconds, "max_concurrency": b.max_concurrency,
+            "start": b.start, "boundaries": [x.label for x in cfg.boundaries]}
 
 
 def latency_slo(args) -> LatencySLO | None:
@@ -122,8 +158,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     w.add_argument("--mode", choices=("waves", "closed-loop"), default="waves",
                    help="waves: synchronized waves of N streams (seed 003); closed-loop: keep N in flight "
                         "(default: %(default)s)")
-    w.add_argument("--levels", type=_int_list, default=DEFAULT_LEVELS, metavar="N,N,...",
-                   help="concurrency levels (default: 1,2,4,8,16,32,64)")
+    w.add_argument("--levels", type=_levels, default=DEFAULT_LEVELS, metavar="N,N,...|auto",
+                   help="concurrency levels (default: 1,2,4,8,16,32,64), or auto: grow from 1 until the knee "
+                        "and every capacity boundary are bracketed, then bisect each to one stream")
     w.add_argument("--trials", type=_positive(int), default=3, help="measured trials per level (seed: 1-5; default: %(default)s)")
     w.add_argument("--no-warmup", dest="warmup", action="store_false", help="skip the warm-up wave per level")
     w.add_argument("--requests", type=_positive(int), default=None,
@@ -150,6 +187,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     w.add_argument("--thinking", action="store_true",
                    help="chat API: leave reasoning on (default sends chat_template_kwargs enable_thinking=false)")
     w.add_argument("--seed", type=int, default=None, help="seed for random prompts")
+
+    au = parser.add_argument_group("adaptive search (--levels auto; budgets are per curve)")
+    au.add_argument("--budget-points", type=_positive(int), default=None, metavar="N",
+                    help=f"most levels to measure (default: {AUTO_DEFAULTS.max_points})")
+    au.add_argument("--budget-seconds", type=_positive(float), default=None, metavar="S",
+                    help="most wall time, warm-ups included; a point that would pass it is not started "
+                         f"(default: {AUTO_DEFAULTS.max_seconds:g})")
+    au.add_argument("--max-concurrency", type=_positive(int), default=None, metavar="N",
+                    help=f"highest level the search may ask for (default: {AUTO_DEFAULTS.max_concurrency})")
+    au.add_argument("--auto-start", type=_positive(int), default=None, metavar="N",
+                    help=f"first level (default: {AUTO_DEFAULTS.start})")
 
     a = parser.add_argument_group("analysis")
     a.add_argument("--floor", type=_float_list, default=(20.0,), metavar="TPS[,TPS]",
@@ -235,7 +283,9 @@ def _workloads(args) -> list[Workload]:
 
 
 def _config_dict(args, workloads: list[Workload], scenarios: list[str]) -> dict:
-    return {"mode": args.mode, "levels": list(args.levels), "trials": args.trials, "warmup": args.warmup,
+    return {"mode": args.mode, "levels": args.levels if args.levels == AUTO else list(args.levels),
+            "search": None if args.levels != AUTO else _search_json(search_config(args)),
+            "trials": args.trials, "warmup": args.warmup,
             "requests": args.requests, "duration": args.duration,
             "workloads": [w.describe() for w in workloads], "api": args.api, "ignore_eos": args.ignore_eos,
             "include_short": args.include_short, "unique_prompts": args.unique_prompts,
@@ -324,7 +374,9 @@ def _check_context(args, targets: list[EndpointTarget], workloads: list[Workload
             raise UsageError(f"{t.info.endpoint} (model {t.info.model}): {exc}") from None
 
 
-def run(args) -> int:
+def run(args, reference: dict | None = None) -> int:
+    """The command.  `reference`: a predicted curve to draw beside the measured one (`vllm-spark
+    check` hands the planner's; keys label, concurrency, per_stream, aggregate)."""
     err = sys.stderr
     scenarios = list(dict.fromkeys(args.scenario or ["sweep"]))
     try:
@@ -334,6 +386,9 @@ def run(args) -> int:
             raise UsageError("closed loop: give --requests or --duration, not both")
         if args.mode == "waves" and (args.requests or args.duration):
             raise UsageError("--requests / --duration apply to --mode closed-loop only")
+        search = search_config(args)
+        if search is not None and "sweep" not in scenarios:
+            raise UsageError("--levels auto chooses the sweep's levels: add --scenario sweep or drop --levels auto")
     except UsageError as exc:
         print(f"vllm-spark bench: error: {exc}", file=err)
         return EXIT_USAGE
@@ -350,14 +405,13 @@ def run(args) -> int:
         print(f"vllm-spark bench: error: {exc}", file=err)
         return EXIT_USAGE
 
-    cfg = SweepConfig(levels=args.levels, trials=args.trials, warmup=args.warmup, mode=args.mode,
+    cfg = SweepConfig(levels=() if search else args.levels, trials=args.trials, warmup=args.warmup, mode=args.mode,
                       requests=args.requests, duration=args.duration, include_short=args.include_short,
-                      api_key=args.api_key, slo=latency_slo(args))
+                      api_key=args.api_key, slo=latency_slo(args), search=search)
     out = Path(args.out or Path("runs") / f"bench-{run_id[:15]}")
     out.mkdir(parents=True, exist_ok=True)
     config = _config_dict(args, workloads, scenarios)
-    config["request_count_per_trial"] = {str(c): c if args.mode == "waves" else cfg.requests_for(c)
-                                         for c in args.levels}
+    config["request_count_per_trial"] = _request_counts(args, cfg, () if search else args.levels)
     record = RunRecord(run_id=run_id, started=now_iso(), config=config, out_dir=out,
                        servers=[t.info.to_json() | {"label": t.label} for t in targets])
     _write_meta(record, workloads)
@@ -394,7 +448,10 @@ def run(args) -> int:
         record.finished = now_iso()
         if record.status == "running":  # an unexpected exception is on its way out
             record.status, record.message = "failed", "internal error (see the traceback)"
-        summary = _finish(record, args, workloads)
+        if search is not None:  # the levels the search chose
+            record.config["request_count_per_trial"] = _request_counts(
+                args, cfg, sorted({p.concurrency for p in record.points}))
+        summary = _finish(record, args, workloads, reference)
     if code:
         print(f"vllm-spark bench: error: {record.message}. Partial results in {out}/ "
               f"({CSV_NAME}, summary.json, report.html)", file=err)
@@ -402,6 +459,10 @@ def run(args) -> int:
         print(line)
     print(f"results: {out}/ ({', '.join(sorted(set(summary['files'].values())))})")
     return code
+
+
+def _request_counts(args, cfg: SweepConfig, levels) -> dict[str, int | None]:
+    return {str(c): c if args.mode == "waves" else cfg.requests_for(c) for c in levels}
 
 
 def _write_meta(record: RunRecord, workloads: list[Workload]) -> None:
@@ -418,7 +479,7 @@ def _write_meta(record: RunRecord, workloads: list[Workload]) -> None:
     })
 
 
-def _finish(record: RunRecord, args, workloads) -> dict:
+def _finish(record: RunRecord, args, workloads, reference: dict | None = None) -> dict:
     from .report import write_reports
     _write_meta(record, workloads)
-    return write_reports(record, tuple(args.floor), args.ttft_slo, latency_slo(args))
+    return write_reports(record, tuple(args.floor), args.ttft_slo, latency_slo(args), reference)

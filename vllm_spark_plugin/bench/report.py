@@ -25,9 +25,10 @@ def _profile_name(label: str) -> str:
 
 
 def write_reports(record: RunRecord, floors: tuple[float, ...], ttft_slo: float | None = None,
-                  slo=None) -> dict:
+                  slo=None, reference: dict | None = None) -> dict:
     """Write all reports; returns the summary dict.  Plots are skipped (and said so) when there is
-    nothing to plot.  `slo`: the run's `LatencySLO` (goodput, attainment, SLO capacity), if any."""
+    nothing to plot.  `slo`: the run's `LatencySLO` (goodput, attainment, SLO capacity), if any.
+    `reference`: a predicted curve drawn beside the measured ones (see `plots.plot_rates`)."""
     out = Path(record.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     curves = analyze(record, floors, ttft_slo, slo)
@@ -35,8 +36,8 @@ def write_reports(record: RunRecord, floors: tuple[float, ...], ttft_slo: float 
     plots: dict[str, Path] = {}
     if curves:
         from . import plots as P  # matplotlib only when there is something to draw
-        plots["aggregate"] = P.plot_rates(curves, out / PLOT_NAMES["aggregate"], "aggregate")
-        plots["per_stream"] = P.plot_rates(curves, out / PLOT_NAMES["per_stream"], "per_stream", floors)
+        plots["aggregate"] = P.plot_rates(curves, out / PLOT_NAMES["aggregate"], "aggregate", floors, reference)
+        plots["per_stream"] = P.plot_rates(curves, out / PLOT_NAMES["per_stream"], "per_stream", floors, reference)
         plots["ttft"] = P.plot_ttft(curves, out / PLOT_NAMES["ttft"])
     for key, res in record.scenarios.items():  # "prefill-interference", or "... (label)" in a fleet
         if res.get("scenario") == "prefill-interference":
@@ -82,7 +83,7 @@ def write_reports(record: RunRecord, floors: tuple[float, ...], ttft_slo: float 
         "capacity_statements": statements,
         "curves": [{"label": a.key.label, "workload": a.key.workload, "endpoint": a.key.endpoint,
                     "model": a.key.model, "capacity": a.capacity, "knee": a.knee,
-                    "slo_capacity": a.slo_capacity,
+                    "slo_capacity": a.slo_capacity, "search": a.search,
                     "statement": a.statement(), "points": [r.to_json() for r in a.rows],
                     "trials": [r.to_json() for r in record.trials if r.key == a.key]}
                    for a in curves],
@@ -101,7 +102,7 @@ def _without_timeline(result: dict) -> dict:
 
 
 # --------------------------------------------------------------------------------------------- HTML
-def _img(path: Path, alt: str) -> str:
+def img_tag(path: Path, alt: str) -> str:
     data = base64.b64encode(Path(path).read_bytes()).decode("ascii")
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
 
@@ -110,7 +111,7 @@ def _num(x, spec=".1f") -> str:
     return "&ndash;" if x is None else format(x, spec)
 
 
-def _table(headers: list[str], rows: list[list[str]]) -> str:
+def table(headers: list[str], rows: list[list[str]]) -> str:
     head = "".join(f"<th>{h}</th>" for h in headers)
     body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in rows)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
@@ -130,7 +131,7 @@ def _curve_section(a: CurveAnalysis) -> str:
         rows.append([str(r.concurrency), str(r.trial), _num(m.per_stream_median_tps), _num(m.per_stream_min_tps),
                      _num(m.per_stream_p10_tps), _num(m.aggregate_tps), _num(m.output_tps),
                      _num(m.ttft_p50_s, ".3f"), _num(m.ttft_p90_s, ".3f"), _num(m.ttft_p99_s, ".3f"),
-                     f"{m.completed}/{m.requests}", " ".join(flag) or "ok"]
+                     f"{m.completed}/{m.requests}", " ".join(flag) or "ok", _chosen(r)]
                     + ([_num(None if m.slo_attainment is None else 100 * m.slo_attainment, ".1f"),
                         _num(m.goodput_tps)] if a.slo is not None else []))
     k = a.knee or {}
@@ -141,19 +142,64 @@ def _curve_section(a: CurveAnalysis) -> str:
                     for name, key, spec in (("alpha (s)", "alpha_seconds", ".4g"), ("beta (s)", "beta_seconds", ".4g"),
                                             ("knee (streams)", "knee", ".1f"),
                                             ("plateau (tok/s)", "plateau_tokens_per_second", ".1f"))]
-        fit_rows += [[f"fitted capacity at {f} tok/s", str(v), _ci_txt((ci.get("capacity") or {}).get(f), ".0f")]
+        fit_rows += [[f"fitted capacity at {f} tok/s", "unbounded in the fit" if v is None else str(v),
+                      _ci_txt((ci.get("capacity") or {}).get(f), ".0f")]
                      for f, v in (k.get("capacity") or {}).items()]
         fit = (f"<p>Step-time fit t(b) = alpha + beta&middot;b: verdict <b>{html.escape(str(k.get('verdict')))}</b>"
                f", model {html.escape(str(k.get('model')))}, R&sup2; {_num(k.get('r2'), '.3f')}.</p>"
-               + _table(["quantity", "estimate", f"{int(100 * (ci.get('level') or 0.95))}% CI"], fit_rows)
+               + table(["quantity", "estimate", f"{int(100 * (ci.get('level') or 0.95))}% CI"], fit_rows)
                + "".join(f"<p class='note'>{html.escape(n)}</p>" for n in k.get("notes") or []))
     return (f"<h3>{html.escape(a.key.label)} / {html.escape(a.key.workload)}</h3>"
-            f"<p class='meta'>endpoint {html.escape(a.key.endpoint)}, model {html.escape(a.key.model)}</p>"
+            f"<p class='meta'>endpoint {html.escape(a.key.endpoint)}, model {html.escape(a.key.model)}; "
+            "every row is a measured point</p>"
             f"<p class='statement'>{html.escape(a.statement())}</p>"
-            + _table(["concurrency", "trials", "per-stream median tok/s", "min", "p10", "aggregate tok/s",
-                      "output tok/s", "TTFT p50 s", "p90", "p99", "completed", "validation"]
+            + table(["concurrency", "trials", "per-stream median tok/s", "min", "p10", "aggregate tok/s",
+                      "output tok/s", "TTFT p50 s", "p90", "p99", "completed", "validation", "chosen (step)"]
                      + (["SLO attainment %", "goodput tok/s"] if a.slo is not None else []), rows)
-            + fit)
+            + fit + _search_html(a))
+
+
+def _chosen(r) -> str:
+    c = r.chosen
+    return "&ndash;" if c is None else f"{html.escape(c.phase)} ({c.step})"
+
+
+def _search_html(a: CurveAnalysis) -> str:
+    """How --levels auto chose the levels and how sure each boundary is."""
+    s = a.search
+    if not s:
+        return ""
+    rows = []
+    for b in s["boundaries"]:
+        ev = []
+        for side, word in (("lower", "meets"), ("upper", "misses")):
+            e = b.get(side)
+            if e:
+                margin = "" if e["margin"] is None else f", {100 * e['margin']:+.1f}% of the threshold"
+                ev.append(f"{e['concurrency']} {word} it in {e['trials_agreeing']}/{e['trials']} trial(s){margin}")
+        fitted = "&ndash;"
+        if b["kind"] == "floor":
+            ci = b.get("fitted_ci")
+            fitted = ("unbounded" if b.get("fitted") is None else str(b["fitted"])) + (
+                f" {_ci_txt(ci, 'd')}" if isinstance(ci, list) and None not in ci else "")
+        sure = "" if not b.get("confidence") else (
+            f"<br>{html.escape(b['confidence'])}" + (f": {html.escape('; '.join(b['doubts']))}" if b["doubts"] else ""))
+        rows.append([html.escape(b["label"]), _num(b["value"], "d"), html.escape(str(b["bracket"])),
+                     html.escape(b["status"]) + sure, html.escape(b["found_by"]), html.escape("; ".join(ev)) or "&ndash;",
+                     fitted])
+    steps = [[str(d["step"]), "&ndash;" if d["concurrency"] is None else str(d["concurrency"]),
+              html.escape(d["phase"]), f"<span class='reason'>{html.escape(d['reason'])}</span>"]
+             for d in s["decisions"]]
+    b = s["budget"]
+    budget = (f"budget {b['max_points']} points, "
+              + ("no time limit" if b["max_seconds"] is None else f"{b['max_seconds']:g} s")
+              + f", levels {b['start']}..{b['max_concurrency']}")
+    return ("<h4>How the levels were chosen (--levels auto)</h4>"
+            f"<p class='meta'>{s['points']} points in {s['seconds']:.0f} s ({html.escape(budget)}); "
+            f"{'complete' if s['complete'] else 'stopped'}: {html.escape(s['stop_reason'])}</p>"
+            + "<div class='search'>" + table(["boundary", "value", "bracket [meets, misses]", "status", "found by",
+                                               "evidence", "fitted [95% CI]"], rows) + "</div>"
+            + "<div class='decisions'>" + table(["step", "level", "phase", "why this level"], steps) + "</div>")
 
 
 def _ci_txt(ci, spec) -> str:
@@ -179,7 +225,7 @@ def _interference_html(pi: dict) -> str:
             ["short-request TTFT during prefill, median (s)", _num(pr.get("median"), ".3f")],
             ["short-request TTFT during prefill, max (s)", _num(pr.get("max"), ".3f")],
             ["probes during prefill", str(pr.get("count"))]]
-    return _table(["quantity", "value"], rows)
+    return table(["quantity", "value"], rows)
 
 
 def _reuse_html(pr: dict) -> str:
@@ -188,7 +234,7 @@ def _reuse_html(pr: dict) -> str:
     return (f"<p class='statement'>TTFT cold {_num(pr.get('cold_ttft_s'), '.3f')} s, cached "
             f"{_num(pr.get('cached_ttft_s'), '.3f')} s (x{_num(pr.get('speedup'), '.1f')}) for a "
             f"{pr.get('document_tokens')}-token document</p>"
-            + _table(["prompt tokens", "cold TTFT s", "cached TTFT s", "cached tokens (server)"], rows))
+            + table(["prompt tokens", "cold TTFT s", "cached TTFT s", "cached tokens (server)"], rows))
 
 
 def _scenario_section(record: RunRecord, plots: dict) -> str:
@@ -197,7 +243,7 @@ def _scenario_section(record: RunRecord, plots: dict) -> str:
         body = _interference_html(res) if res.get("scenario") == "prefill-interference" else _reuse_html(res)
         parts.append(f"<h3>{html.escape(key)}</h3>" + body
                      + "".join(f"<p class='note'>{html.escape(n)}</p>" for n in res.get("notes") or [])
-                     + (_img(plots[key], key) if key in plots else ""))
+                     + (img_tag(plots[key], key) if key in plots else ""))
     return ("<h2>Scenarios</h2>" + "".join(parts)) if parts else ""
 
 
@@ -208,7 +254,10 @@ table{border-collapse:collapse;margin:8px 0;font-size:12px} td,th{border:1px sol
 th{background:#f3f3f3} td:first-child,th:first-child{text-align:left}
 .statement{font-weight:600} .warn{color:#b00020;font-weight:600} .note{color:#555;font-size:12px}
 .meta{color:#555;font-size:12px} .banner{background:#fff3cd;border:1px solid #e0c36c;padding:8px 12px}
-.plots img{max-width:100%;width:720px;display:block;margin:10px 0}
+.plots img{max-width:100%;width:720px;height:auto;display:block;margin:10px 0}
+.reason{display:block;text-align:left;white-space:normal} .decisions td:last-child{text-align:left}
+.search td{text-align:left;vertical-align:top}
+@media (max-width:960px){body{margin:12px} table{font-size:10px} td,th{padding:2px 3px}}
 .servers td,.servers th{text-align:left;vertical-align:top;overflow-wrap:anywhere} .settings{list-style:none;margin:0;padding:0}
 """
 
@@ -225,7 +274,7 @@ def render_html(record: RunRecord, curves: list[CurveAnalysis], summary: dict, p
         banner = (f"<p class='banner'><b>Partial results ({html.escape(record.status)}):</b> "
                   f"{html.escape(record.message)}</p>")
     statements = "".join(f"<li>{html.escape(s)}</li>" for s in summary["capacity_statements"])
-    plot_html = "".join(_img(plots[k], k) for k in ("aggregate", "per_stream", "ttft") if k in plots)
+    plot_html = "".join(img_tag(plots[k], k) for k in ("aggregate", "per_stream", "ttft") if k in plots)
     server_rows = [[html.escape(str(s.get("endpoint"))), html.escape(str(s.get("model"))),
                     html.escape(str(s.get("engine_version"))), html.escape(str(s.get("max_model_len"))),
                     _settings_list(str(s.get("recipe") or ""))] for s in record.servers]
@@ -239,7 +288,7 @@ def render_html(record: RunRecord, curves: list[CurveAnalysis], summary: dict, p
                 rows.append([html.escape(workload), fk, str(total), per])
         fleet_html = ("<h2>Fleet capacity</h2><p class='note'>Sums of per-endpoint capacities per workload "
                       "(alternative workloads, not a mixed load).</p>"
-                      + _table(["workload", "floor tok/s", "streams (sum)", "per endpoint"], rows))
+                      + table(["workload", "floor tok/s", "streams (sum)", "per endpoint"], rows))
     definitions = (
         "<h2>Definitions</h2><ul>"
         "<li>Per-stream decode rate = (output tokens &minus; 1) / (last token time &minus; first token time); "
@@ -269,8 +318,8 @@ def render_html(record: RunRecord, curves: list[CurveAnalysis], summary: dict, p
 {fleet_html}
 <h2>Points</h2>{''.join(_curve_section(a) for a in curves) or '<p>No completed points.</p>'}
 {_scenario_section(record, plots)}
-<h2>Servers</h2><div class="servers">{_table(['endpoint', 'model', 'engine version', 'max_model_len', 'recipe'], server_rows)}</div>
-<h2>Run configuration</h2>{_table(['option', 'value'], cfg_rows)}
+<h2>Servers</h2><div class="servers">{table(['endpoint', 'model', 'engine version', 'max_model_len', 'recipe'], server_rows)}</div>
+<h2>Run configuration</h2>{table(['option', 'value'], cfg_rows)}
 {definitions}
 <p class="meta">Files: {html.escape(', '.join(sorted(set(summary['files'].values()))))}</p>
 </body></html>

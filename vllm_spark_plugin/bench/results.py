@@ -14,9 +14,13 @@ import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..definitions import SLO_MET, SweepPoint
 from .stats import Metrics
+
+if TYPE_CHECKING:
+    from .adaptive import Decision
 
 CSV_NAME = "sweep.csv"
 STREAMS_NAME = "streams.csv"
@@ -32,6 +36,9 @@ CSV_COLUMNS = [
     # latency SLO (--slo-*; empty without): see stats.py and definitions.LatencySLO
     "slo_attainment", "goodput_tps", "slo_met", "slo_missed_ttft", "slo_missed_rate", "slo_missed_both",
     "slo_missed_e2e",
+    # how the level was chosen: its step in the run's order, `ladder` (--levels) or the adaptive
+    # search's phase (start, grow, bisect; --levels auto) and the reason it gave
+    "search_step", "search_phase", "search_reason",
 ]
 
 STREAM_COLUMNS = [
@@ -70,6 +77,7 @@ class Row:
     max_model_len: int | None = None
     recipe: str = ""
     run_id: str = ""
+    chosen: "Decision | None" = None  # why this level was measured (ladder or adaptive search)
 
     def csv_row(self) -> dict:
         m = self.metrics
@@ -82,6 +90,9 @@ class Row:
             "temperature": self.temperature, "ignore_eos": int(self.ignore_eos),
             "engine_version": self.engine_version or "", "max_model_len": self.max_model_len or "",
             "recipe": self.recipe,
+            "search_step": "" if self.chosen is None else self.chosen.step,
+            "search_phase": "" if self.chosen is None else self.chosen.phase,
+            "search_reason": "" if self.chosen is None else self.chosen.reason,
         }
         for name, value in asdict(m).items():
             if name == "first_error":
@@ -105,9 +116,11 @@ class Row:
                                  "model": self.key.model})
 
     def to_json(self) -> dict:
+        """The CSV fields as numbers, marked `measured` (fitted values live in the knee's curves)."""
         d = {k: v for k, v in self.csv_row().items()}
         for name, value in asdict(self.metrics).items():
             d[name] = value
+        d["measured"] = True
         return d
 
 
@@ -203,6 +216,7 @@ class RunRecord:
     trials: list[Row] = field(default_factory=list)
     points: list[Row] = field(default_factory=list)
     scenarios: dict = field(default_factory=dict)
+    searches: dict = field(default_factory=dict)  # CurveKey -> AdaptiveSearch.outcome() (--levels auto)
     status: str = "running"  # running | complete | interrupted | failed
     message: str = ""
     finished: str | None = None

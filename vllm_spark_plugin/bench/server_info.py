@@ -28,6 +28,7 @@ class ServerInfo:
     model: str
     served_models: list[str] = field(default_factory=list)
     max_model_len: int | None = None
+    root: str | None = None  # where the server loaded the model from (GET /v1/models `root`)
     engine_version: str | None = None
     cache_config: dict[str, str] = field(default_factory=dict)
     spark_info: dict[str, str] = field(default_factory=dict)
@@ -100,8 +101,11 @@ async def preflight(endpoint: str, model: str | None, timeout: float = 5.0,
         raise PreflightError(f"{base}: model {chosen!r} is not served here; served: {', '.join(served)}")
     info = ServerInfo(endpoint=base, model=chosen, served_models=served)
     for e in entries:
-        if str(e.get("id")) == chosen and isinstance(e.get("max_model_len"), int):
-            info.max_model_len = e["max_model_len"]
+        if str(e.get("id")) == chosen:
+            if isinstance(e.get("max_model_len"), int):
+                info.max_model_len = e["max_model_len"]
+            if isinstance(e.get("root"), str):
+                info.root = e["root"]
     return info
 
 

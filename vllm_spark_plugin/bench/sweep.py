@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from ..definitions import LatencySLO
+from .adaptive import PHASE_LADDER, AdaptiveSearch, Decision, Observation, SearchConfig
 from .client import OpenAIStreamClient, StreamResult
 from .progress import Progress
 from .results import CsvWriter, CurveKey, Row, RunRecord, stream_rows
@@ -46,6 +47,11 @@ class SweepConfig:
     include_short: bool = False
     api_key: str | None = None
     slo: LatencySLO | None = None  # judge every request against it (goodput, attainment)
+    search: SearchConfig | None = None  # --levels auto: the levels come from an adaptive search
+
+    @property
+    def top_level(self) -> int:
+        return self.search.budget.max_concurrency if self.search else max(self.levels)
 
     def requests_for(self, concurrency: int) -> int | None:
         """Closed loop: requests per trial (None with a duration: as many as fit in it)."""
@@ -54,7 +60,9 @@ class SweepConfig:
         return self.requests or 4 * concurrency
 
     def units(self, n_curves: int) -> int:
-        return n_curves * len(self.levels) * (self.trials + (1 if self.warmup else 0))
+        """Progress units (warm-ups and trials); with a search, its point budget bounds the levels."""
+        levels = self.search.budget.max_points if self.search else len(self.levels)
+        return n_curves * levels * (self.trials + (1 if self.warmup else 0))
 
 
 async def run_wave(client: OpenAIStreamClient, prompts: PromptFactory, workload: Workload,
@@ -118,13 +126,42 @@ class SweepRunner:
 
     async def run_target(self, target: EndpointTarget, workloads: list[Workload]) -> None:
         info = target.info
-        max_conn = max(self.cfg.levels) + 8
+        max_conn = self.cfg.top_level + 8
         async with OpenAIStreamClient(info.endpoint, info.model, max_connections=max_conn,
                                       api_key=self.cfg.api_key, **target.client_kwargs) as client:
             for workload in workloads:
                 key = CurveKey(target.label, workload.name, info.endpoint, info.model)
-                for level in self.cfg.levels:
-                    await self._point(client, target, key, workload, level)
+                if self.cfg.search is not None:
+                    await self._search(client, target, key, workload)
+                    continue
+                for i, level in enumerate(self.cfg.levels, 1):
+                    await self._point(client, target, key, workload, level,
+                                      Decision(i, level, PHASE_LADDER, "given by --levels"))
+
+    async def _search(self, client, target: EndpointTarget, key: CurveKey, workload: Workload) -> None:
+        """--levels auto: measure the level the search asks for until it stops (adaptive.py).  The
+        outcome is kept in the record after every point, so a run that ends early still says how far
+        the search got."""
+        search = AdaptiveSearch(self.cfg.search)
+        observations: list[Observation] = []
+        elapsed = 0.0
+        try:
+            while True:
+                d = search.decide(observations, elapsed)
+                self.record.searches[key] = search.outcome(observations)
+                if d.concurrency is None:
+                    self.progress.note(f"auto {key.label} {key.workload}: stop after {len(observations)} "
+                                       f"point(s): {d.reason}")
+                    return
+                self.progress.note(f"auto {key.label} {key.workload}: point {d.step} at c={d.concurrency} "
+                                   f"({d.phase}): {d.reason}")
+                t0 = time.perf_counter()
+                point = await self._point(client, target, key, workload, d.concurrency, d)
+                seconds = time.perf_counter() - t0
+                elapsed += seconds
+                observations.append(observation(point, self.record.trials, seconds))
+        finally:
+            self.record.searches[key] = search.outcome(observations)
 
     async def _trial(self, client, target: EndpointTarget, workload: Workload, level: int):
         if self.cfg.mode == "closed-loop":
@@ -145,15 +182,16 @@ class SweepRunner:
         self.progress.note(f"warning: {len(failed)}/{len(results)} requests of {where} failed: {failed[0].error}")
 
     def _row(self, row_type: str, key: CurveKey, target: EndpointTarget, workload: Workload,
-             level: int, trial: int, metrics) -> Row:
-        return Row(row_type=row_type, key=key, concurrency=level, trial=trial, metrics=metrics,
+             level: int, trial: int, metrics, chosen: Decision) -> Row:
+        return Row(row_type=row_type, key=key, concurrency=level, trial=trial, metrics=metrics, chosen=chosen,
                    date=now_iso(), mode=self.cfg.mode, api=target.client_kwargs.get("api", "chat"),
                    requested_output_tokens=workload.output_tokens, temperature=workload.temperature,
                    ignore_eos=target.client_kwargs.get("ignore_eos", True),
                    engine_version=target.info.engine_version, max_model_len=target.info.max_model_len,
                    recipe=target.info.recipe(), run_id=self.record.run_id)
 
-    async def _point(self, client, target: EndpointTarget, key: CurveKey, workload: Workload, level: int) -> None:
+    async def _point(self, client, target: EndpointTarget, key: CurveKey, workload: Workload, level: int,
+                     chosen: Decision) -> Row:
         name = f"{key.label} {workload.name} c={level}"
         if self.cfg.warmup:
             self.progress.start(f"{name} warm-up")
@@ -172,14 +210,14 @@ class SweepRunner:
             trials.append(results)
             durations.append(duration)
             m = summarize([results], [duration], self.cfg.include_short, self.cfg.slo)
-            row = self._row("trial", key, target, workload, level, t, m)
+            row = self._row("trial", key, target, workload, level, t, m, chosen)
             self.record.trials.append(row)
             self.csv.write(row)
             if self.streams_csv is not None:
                 self.streams_csv.write_many(stream_rows(key, level, t, results, self.cfg.slo))
             self.progress.advance(_headline(m))
         point = self._row("point", key, target, workload, level, len(trials),
-                          summarize(trials, durations, self.cfg.include_short, self.cfg.slo))
+                          summarize(trials, durations, self.cfg.include_short, self.cfg.slo), chosen)
         self.record.points.append(point)
         self.csv.write(point)
         if point.metrics.bunched_streams:
@@ -191,6 +229,17 @@ class SweepRunner:
                    else "left out of the per-stream rates")
             self.progress.note(f"note: {name}: {point.metrics.short_streams} stream(s) ended before "
                                f"{workload.output_tokens} tokens (counted in short_streams, {how})")
+        return point
+
+
+def observation(point: Row, trials: list[Row], seconds: float) -> Observation:
+    """A measured point as the adaptive search sees it (its trials give the evidence per trial)."""
+    mine = [t for t in trials if t.key == point.key and t.concurrency == point.concurrency]
+    m = point.metrics
+    return Observation(concurrency=point.concurrency, per_stream_tps=m.per_stream_median_tps,
+                       aggregate_tps=m.aggregate_tps, ttft_p50_s=m.ttft_p50_s, slo_attainment=m.slo_attainment,
+                       seconds=seconds, trial_rates=tuple(t.metrics.per_stream_median_tps for t in mine),
+                       trial_attainments=tuple(t.metrics.slo_attainment for t in mine))
 
 
 def _headline(m) -> str:

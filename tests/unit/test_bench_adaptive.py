@@ -1,0 +1,302 @@
+"""`vllm-spark bench --levels auto`: the adaptive search (bench/adaptive.py) finds the knee and each
+capacity boundary to one stream, within its budget, and says why it chose every level.
+
+Correctness is checked on the fake server's simulated clock (tests/support/simulated.py): a step with
+b streams takes exactly alpha + beta*b there, so the true capacity at a floor F is the largest b with
+1/(alpha + beta*b) >= F and the true knee alpha/beta, and the search must land on them exactly.
+Seeded noise on those points checks the search still ends and stays near the truth.  The command's
+own runs (the fake on the wall clock) are checked for what holds by construction: every point
+marked, the budget kept, the files written, bad flags refused in one line.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+import pytest
+from support.simulated import SimulatedBed, noisy
+
+from vllm_spark_plugin.bench.adaptive import (KIND_FLOOR, PHASE_BISECT, PHASE_DONE, PHASE_GROW, PHASE_START,
+                                              Budget, BudgetError, Observation, SearchConfig, run_search)
+from vllm_spark_plugin.cli import main as vllm_spark
+from vllm_spark_plugin.testbed.fake_server import FakeConfig, FakeServer
+
+# (alpha s, beta s, floor tok/s): knees 13.3, 8.5, 20.8 and 100 streams; capacities 53, 34, 20, 376
+STEP_MODELS = [(0.004, 0.0003, 50.0), (0.004, 0.00047, 50.0), (0.025, 0.0012, 20.0), (0.010, 0.0001, 21.0)]
+UNLIMITED = Budget(max_seconds=None)
+
+
+def geometric_ladder_points(capacity: int) -> int:
+    """Levels 1, 2, 4, ... up to the first one past the capacity: what a fixed ladder needs to bracket it."""
+    return math.floor(math.log2(capacity + 1)) + 2
+
+
+@pytest.fixture
+def bed():
+    beds = []
+
+    def start(alpha: float, beta: float) -> SimulatedBed:
+        b = SimulatedBed(alpha, beta)
+        beds.append(b)
+        return b
+
+    yield start
+    for b in beds:
+        b.close()
+
+
+@pytest.mark.parametrize("alpha, beta, floor", STEP_MODELS)
+def test_search_lands_on_the_true_capacity_and_knee(bed, alpha, beta, floor):
+    sim = bed(alpha, beta)
+    trace = run_search(SearchConfig.make([floor], budget=UNLIMITED), sim.measure)
+    out = trace.outcome()
+    truth = sim.true_capacity(floor)
+    (b,) = out["boundaries"]
+    assert out["complete"] and out["stop_reason"].startswith("every goal met")
+    assert b["bracket"] == [truth, truth + 1] and b["status"] == "known to one stream"
+    assert b["lower"]["trials_agreeing"] == 1 and b["upper"]["trials_agreeing"] == 1
+    res = trace.search.result
+    assert res.knee == pytest.approx(alpha / beta, rel=1e-3)
+    lo, hi = res.ci["knee"]
+    assert lo <= alpha / beta * 1.001 and hi >= alpha / beta * 0.999
+    # one stream of precision with about the points a doubling ladder needs just to bracket it
+    assert len(out["order"]) <= geometric_ladder_points(truth) + 1, out["order"]
+
+
+def test_every_decision_names_its_phase_and_reason(bed):
+    sim = bed(0.004, 0.0003)
+    out = run_search(SearchConfig.make([50.0], budget=UNLIMITED), sim.measure).outcome()
+    decisions = out["decisions"]
+    assert [d["step"] for d in decisions] == list(range(1, len(decisions) + 1))
+    assert decisions[0]["phase"] == PHASE_START and decisions[0]["concurrency"] == 1
+    assert decisions[-1]["phase"] == PHASE_DONE and decisions[-1]["concurrency"] is None
+    assert {d["phase"] for d in decisions[1:-1]} <= {PHASE_GROW, PHASE_BISECT}
+    assert all(len(d["reason"]) > 20 for d in decisions)
+    levels = [d["concurrency"] for d in decisions[:-1]]
+    assert levels == out["order"] and len(set(levels)) == len(levels), "a level measured twice"
+    grown = [d["concurrency"] for d in decisions if d["phase"] in (PHASE_START, PHASE_GROW)]
+    assert grown == sorted(grown) and all(b <= 4 * a for a, b in zip(grown, grown[1:]))
+    bisect = [d for d in decisions if d["phase"] == PHASE_BISECT]
+    assert bisect and all("lies in [" in d["reason"] for d in bisect)
+
+
+def test_the_search_is_deterministic(bed):
+    sim = bed(0.025, 0.0012)
+    runs = [run_search(SearchConfig.make([20.0], budget=UNLIMITED), sim.measure).outcome() for _ in range(2)]
+    assert runs[0]["decisions"] == runs[1]["decisions"]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_noisy_points_still_end_near_the_truth(bed, seed):
+    """2% trial-to-trial noise, the median of 3 trials per point: the search ends by itself, and the
+    capacity it reports is within the streams that noise blurs (a 2% rate change is 2 streams at 53)."""
+    sim = bed(0.004, 0.0003)
+    out = run_search(SearchConfig.make([50.0], budget=UNLIMITED), noisy(sim.measure, 0.02, seed)).outcome()
+    (b,) = out["boundaries"]
+    assert out["complete"] and b["resolution"] == 1
+    assert abs(b["value"] - sim.true_capacity(50.0)) <= 2
+    assert len(out["order"]) <= 10
+
+
+def test_a_wrong_model_costs_probes_not_the_answer():
+    """A curve that falls off a cliff past 30 streams: the linear fit keeps predicting a higher
+    capacity, each miss is followed by a midpoint, and the bracket still closes on the truth."""
+    alpha, beta = 0.004, 0.0003
+
+    def cliff(c: int) -> Observation:
+        t = (alpha + beta * c) * (1.0 if c <= 30 else 2.0)
+        return Observation(c, 1 / t, c / t, seconds=4 * 32 * t, trial_rates=(1 / t,))
+
+    out = run_search(SearchConfig.make([50.0], budget=UNLIMITED), cliff).outcome()
+    (b,) = out["boundaries"]
+    assert b["bracket"] == [30, 31] and out["complete"]
+    assert b["bisection_probes"] <= 2 * math.ceil(math.log2(b["bracket"][1])) + 2
+    assert any("the last guess missed, so the midpoint" in d["reason"] for d in out["decisions"])
+
+
+def test_slo_attainment_boundary_is_bisected_to_one_stream():
+    """Attainment falls as requests queue behind a 0.3 s TTFT bound (the k-th request of a wave
+    waits k*10 ms): the highest level with attainment >= 0.9 is 33."""
+    alpha, beta = 0.01, 0.001
+
+    def measure(c: int) -> Observation:
+        t = alpha + beta * c
+        att = min(c, 30) / c
+        return Observation(c, 1 / t, c / t, slo_attainment=att, seconds=4 * 32 * t, trial_rates=(1 / t,),
+                           trial_attainments=(att,))
+
+    out = run_search(SearchConfig.make([20.0], slo_target=0.9, budget=UNLIMITED), measure).outcome()
+    floor, slo = out["boundaries"]
+    assert floor["bracket"] == [40, 41] and slo["bracket"] == [33, 34]
+    assert slo["kind"] == "slo" and slo["status"] == "known to one stream"
+    assert any("attainment" in d["reason"] and "cross 0.9" in d["reason"] for d in out["decisions"])
+
+
+def test_point_budget_stops_the_search(bed):
+    sim = bed(0.004, 0.0003)
+    out = run_search(SearchConfig.make([50.0], budget=Budget(max_points=4, max_seconds=None)), sim.measure).outcome()
+    assert len(out["order"]) == 4 and not out["complete"]
+    assert out["stop_reason"].startswith("budget of 4 points spent; next would have been")
+    assert out["boundaries"][0]["status"] == "not bracketed"
+
+
+def test_time_budget_is_never_passed(bed):
+    """On the simulated clock a point's cost is predicted exactly: the search stops before the point
+    that would pass the budget, and the time spent stays within it."""
+    sim = bed(0.004, 0.0003)
+    full = run_search(SearchConfig.make([50.0], budget=UNLIMITED), sim.measure)
+    budget = 0.6 * full.seconds
+    trace = run_search(SearchConfig.make([50.0], budget=Budget(max_seconds=budget)), sim.measure)
+    out = trace.outcome()
+    assert trace.seconds <= budget and not out["complete"]
+    assert out["stop_reason"].startswith("time budget:") and len(out["order"]) < len(full.observations)
+
+
+def test_ceiling_ends_the_search_with_what_is_missing(bed):
+    sim = bed(0.004, 0.0003)
+    out = run_search(SearchConfig.make([50.0], budget=Budget(max_concurrency=16, max_seconds=None)),
+                     sim.measure).outcome()
+    assert max(out["order"]) == 16 and not out["complete"]
+    assert out["stop_reason"].startswith("reached --max-concurrency 16 with no level that misses the 50 tok/s floor")
+    assert out["boundaries"][0]["status"] == "not bracketed" and out["boundaries"][0]["value"] == 16
+
+
+def test_a_floor_above_the_single_stream_rate_is_known_at_once(bed):
+    sim = bed(0.004, 0.0003)  # 232 tok/s at one stream
+    out = run_search(SearchConfig.make([1000.0], budget=UNLIMITED), sim.measure).outcome()
+    (b,) = out["boundaries"]
+    assert b["bracket"] == [0, 1] and b["status"] == "known to one stream" and b["bisection_probes"] == 0
+    assert "already misses it" in b["found_by"] and out["knee_with_interval"]
+
+
+@pytest.mark.parametrize("budget, message", [
+    (Budget(max_points=2), "--budget-points 2: the search needs at least 3 points"),
+    (Budget(max_seconds=0.0), "--budget-seconds 0.0: must be a positive number"),
+    (Budget(max_concurrency=1), "--max-concurrency 1 leaves no room to grow"),
+    (Budget(start=8, max_concurrency=12), "--max-concurrency 12 leaves no room to grow from --auto-start 8"),
+])
+def test_budgets_that_cannot_work_are_refused(budget, message):
+    with pytest.raises(BudgetError, match="^" + message.replace("(", r"\(")):
+        SearchConfig.make([20.0], budget=budget)
+
+
+# ------------------------------------------------------------------------------------------- the CLI
+@pytest.fixture
+def fake():
+    srv = FakeServer(FakeConfig(alpha=0.005, beta=0.0005)).start()  # 60 tok/s floor: capacity 23, knee 10
+    yield srv
+    srv.stop()
+
+
+def _rows(path):
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_levels_auto_marks_every_point_and_writes_the_profile(fake, tmp_path, capsys):
+    out = tmp_path / "auto"
+    rc = vllm_spark(["bench", "--endpoint", fake.base_url, "--levels", "auto", "--trials", "1",
+                     "--workload", "prose", "--output-tokens", "16", "--floor", "60", "--budget-points", "10",
+                     "--out", str(out)])
+    captured = capsys.readouterr()
+    assert rc == 0
+    points = [r for r in _rows(out / "sweep.csv") if r["row_type"] == "point"]
+    assert 3 <= len(points) <= 10
+    assert [int(p["search_step"]) for p in points] == list(range(1, len(points) + 1))
+    assert points[0]["search_phase"] == "start" and {p["search_phase"] for p in points} <= {"start", "grow", "bisect"}
+    assert all(p["search_reason"] for p in points)
+    # progress says why each level was chosen, before it is measured
+    for p in points:
+        assert f"point {p['search_step']} at c={p['concurrency']} ({p['search_phase']}): " in captured.err
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["config"]["levels"] == "auto" and summary["config"]["search"]["budget_points"] == 10
+    curve = summary["curves"][0]
+    assert all(p["measured"] for p in curve["points"])
+    search = curve["search"]
+    assert search["order"] == [int(p["concurrency"]) for p in points]
+    assert len(search["decisions"]) == len(points) + 1 and search["decisions"][-1]["concurrency"] is None
+    (b,) = search["boundaries"]
+    assert b["kind"] == KIND_FLOOR and b["value"] == curve["capacity"]["60"]
+    assert summary["config"]["request_count_per_trial"] == {p["concurrency"]: int(p["concurrency"]) for p in points}
+
+    profile = json.loads((out / "capacity_profile.json").read_text())
+    assert profile["levels"] == "auto" and profile["capacity"]["60"] == b["value"]
+    assert profile["search"]["boundaries"][0]["bracket"] == b["bracket"] and "decisions" not in profile["search"]
+    statement = next(line for line in captured.out.splitlines() if line.startswith("fake-model / prose"))
+    assert statement == curve["statement"]
+    if b["status"] == "known to one stream":
+        assert f"(known to one stream: {b['bracket'][1]} misses it" in statement
+    html = (out / "report.html").read_text()
+    assert "How the levels were chosen (--levels auto)" in html and "why this level" in html
+
+
+def test_a_fixed_ladder_marks_its_points_as_given(fake, tmp_path):
+    out = tmp_path / "ladder"
+    assert vllm_spark(["bench", "--quiet", "--endpoint", fake.base_url, "--levels", "1,4", "--trials", "1",
+                       "--workload", "prose", "--output-tokens", "8", "--out", str(out)]) == 0
+    rows = _rows(out / "sweep.csv")
+    assert {(r["search_phase"], r["search_reason"]) for r in rows} == {("ladder", "given by --levels")}
+    assert [r["search_step"] for r in rows if r["row_type"] == "point"] == ["1", "2"]
+    assert json.loads((out / "capacity_profile.json").read_text())["search"] is None
+
+
+def test_budget_points_and_time_bound_the_run(fake, tmp_path):
+    out = tmp_path / "budget"
+    assert vllm_spark(["bench", "--quiet", "--endpoint", fake.base_url, "--levels", "auto", "--trials", "1",
+                       "--no-warmup", "--workload", "prose", "--output-tokens", "16", "--floor", "60",
+                       "--budget-points", "3", "--out", str(out)]) == 0
+    search = json.loads((out / "summary.json").read_text())["curves"][0]["search"]
+    assert search["points"] == 3 and search["stop_reason"].startswith("budget of 3 points spent")
+
+    out = tmp_path / "seconds"
+    assert vllm_spark(["bench", "--quiet", "--endpoint", fake.base_url, "--levels", "auto", "--trials", "1",
+                       "--no-warmup", "--workload", "prose", "--output-tokens", "64", "--floor", "60",
+                       "--budget-seconds", "0.5", "--out", str(out)]) == 0
+    search = json.loads((out / "summary.json").read_text())["curves"][0]["search"]
+    spent = [d for d in search["decisions"] if d["concurrency"] is not None]
+    assert search["stop_reason"].startswith("time budget:") or search["complete"]
+    # each point was started only while the time spent was within the budget
+    rows = [r for r in _rows(out / "sweep.csv") if r["row_type"] == "point"]
+    assert len(rows) == len(spent) and sum(float(r["duration_s"]) for r in rows[:-1]) <= 0.5
+
+
+def test_a_server_lost_mid_search_keeps_what_was_measured(tmp_path):
+    srv = FakeServer(FakeConfig(alpha=0.005, beta=0.0005, die_after_requests=7)).start()  # dies in the third level's warm-up
+    try:
+        out = tmp_path / "lost"
+        rc = vllm_spark(["bench", "--quiet", "--endpoint", srv.base_url, "--levels", "auto", "--trials", "1",
+                         "--workload", "prose", "--output-tokens", "8", "--floor", "60", "--out", str(out)])
+    finally:
+        srv.stop()
+    assert rc == 3
+    points = [r for r in _rows(out / "sweep.csv") if r["row_type"] == "point"]
+    assert [int(p["concurrency"]) for p in points] == [1, 2]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "failed"
+    assert summary["curves"][0]["search"]["stop_reason"] == "the run ended before the search did"
+    assert json.loads((out / "capacity_profile.json").read_text())["search"]["points"] == 2
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--levels", "auto", "--budget-points", "2"], "--budget-points 2: the search needs at least 3 points"),
+    (["--budget-points", "5"], "--budget-points applies to --levels auto only"),
+    (["--levels", "1,2", "--max-concurrency", "8", "--auto-start", "2"],
+     "--max-concurrency, --auto-start apply to --levels auto only"),
+    (["--levels", "auto", "--max-concurrency", "1"], "--max-concurrency 1 leaves no room to grow"),
+    (["--levels", "auto", "--scenario", "prefix-reuse"], "--levels auto chooses the sweep's levels"),
+])
+def test_contradictory_or_impossible_auto_flags_are_one_line_errors(argv, message, capsys):
+    assert vllm_spark(["bench", "--quiet", "--endpoint", "http://127.0.0.1:9", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"vllm-spark bench: error: {message}") and "\n" not in err, err
+
+
+@pytest.mark.parametrize("argv, message", [(["--levels", "automatic"], "expected comma-separated integers"),
+                                           (["--levels", "auto", "--budget-seconds", "0"], "positive"),
+                                           (["--levels", "auto", "--budget-points", "x"], "expected a int")])
+def test_bad_auto_values_are_usage_errors(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        vllm_spark(["bench", "--quiet", *argv])
+    assert exc.value.code == 2 and message in capsys.readouterr().err

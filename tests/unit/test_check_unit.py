@@ -1,0 +1,135 @@
+"""`vllm-spark check` (acceptance/): doctor, the adaptive sweep and the planner's prediction in one run
+against the fake server, and the pure parts: which model is planned, how the run is sized from the
+prediction, and the prediction lined up with the measurement."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from vllm_spark_plugin import doctor
+from vllm_spark_plugin.acceptance import prediction as P
+from vllm_spark_plugin.cli import main as vllm_spark
+from vllm_spark_plugin.testbed.fake_server import FakeConfig, FakeServer
+
+SIDE_BY_SIDE = ("per-stream rate at 1 stream(s)", "aggregate at 1 stream(s)", "plateau", "knee K",
+                "capacity at 60 tok/s", "TTFT p50 at 1 stream(s)")
+
+
+@pytest.fixture
+def fake():
+    srv = FakeServer(FakeConfig(alpha=0.005, beta=0.0005, model="Qwen3.6-35B-A3B")).start()
+    yield srv
+    srv.stop()
+
+
+def _check(fake, out: Path, *extra) -> int:
+    return vllm_spark(["check", "--quiet", "--endpoint", fake.base_url, "--minutes", "1.5", "--prompt-tokens", "32",
+                       "--output-tokens", "16", "--floor", "60", "--out", str(out), *extra])
+
+
+def test_check_writes_the_side_by_side_report_and_exit_follows_doctor(fake, tmp_path):
+    out = tmp_path / "check"
+    rc = _check(fake, out)
+    doc = json.loads((out / "check.json").read_text())
+    assert rc == (0 if doc["doctor"]["ok"] else 1) == doc["exit_status"]
+    assert doc["doctor"]["checks"] and doc["bench"]["exit_status"] == 0
+    assert doc["prediction"]["model"] == "Qwen3.6-35B-A3B" and doc["prediction"]["weight_format"] == "nvfp4"
+    quantities = [r["quantity"] for r in doc["comparison"]]
+    for q in SIDE_BY_SIDE:
+        row = next(r for r in doc["comparison"] if r["quantity"].startswith(q))
+        assert row["measured"] is not None and row["predicted"] is not None, row
+    measured_cap = next(r for r in doc["comparison"] if r["quantity"].startswith("capacity"))["measured"]
+    assert any(q.startswith(f"per-stream rate at {measured_cap} streams") for q in quantities)
+    for r in doc["comparison"]:
+        if r["ratio"] is not None:
+            assert r["ratio"] == pytest.approx(r["measured"] / r["predicted"])
+    search = doc["bench"]["search"]
+    assert search["points"] <= 16 and search["seconds"] <= doc["sizing"]["budget_seconds"] + 5
+    html = (out / "report.html").read_text()
+    assert "Prediction beside measurement" in html and "measured / predicted" in html
+    assert html.count('src="data:image/png;base64,') == 2 and "bench/report.html" in html
+    assert (out / "bench" / "report.html").exists() and (out / "bench" / "capacity_profile.json").exists()
+    assert doc["verdict"].startswith("check passed" if rc == 0 else "check FAILED")
+
+
+def test_exit_status_is_zero_only_when_doctor_finds_no_failure(fake, tmp_path, monkeypatch):
+    fine = [doctor.Check("vllm", doctor.OK, "fine")]
+    monkeypatch.setattr(doctor, "run_checks", lambda **kw: fine)
+    assert _check(fake, tmp_path / "ok") == 0
+    monkeypatch.setattr(doctor, "run_checks", lambda **kw: fine + [doctor.Check("plugin", doctor.FAIL, "missing")])
+    assert _check(fake, tmp_path / "bad") == 1
+    doc = json.loads((tmp_path / "bad" / "check.json").read_text())
+    assert doc["doctor"]["failed"] == ["plugin"] and doc["bench"]["exit_status"] == 0
+
+
+def test_an_unreachable_server_is_reported_not_measured(tmp_path, monkeypatch):
+    monkeypatch.setattr(doctor, "run_checks", lambda **kw: [doctor.Check("vllm", doctor.OK, "fine")])
+    out = tmp_path / "down"
+    assert vllm_spark(["check", "--quiet", "--endpoint", "http://127.0.0.1:9", "--out", str(out)]) == 3
+    doc = json.loads((out / "check.json").read_text())
+    assert doc["server"] is None and doc["comparison"] == []
+    assert doc["notes"][0].startswith("the server could not be measured: http://127.0.0.1:9")
+    assert (out / "report.html").exists()
+
+
+@pytest.mark.parametrize("argv, message", [(["--minutes", "0.5"], "--minutes 0.5 leaves no time to measure"),
+                                           (["--minutes", "-1"], "expected a positive number")])
+def test_bad_check_options_are_one_line_errors(argv, message, capsys):
+    try:
+        rc = vllm_spark(["check", "--quiet", *argv])
+    except SystemExit as exc:
+        rc = exc.code
+    assert rc == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert message in err[-1]
+
+
+# ------------------------------------------------------------------------------------- pure parts
+def test_the_planned_model_is_the_given_one_a_built_in_name_or_the_served_folder(tmp_path):
+    assert P.model_spec("llama3.1-8b", "anything", None) == ("llama3.1-8b", "--plan-model")
+    assert P.model_spec(None, "Qwen/Qwen3.6-35B-A3B", None)[0] == "Qwen/Qwen3.6-35B-A3B"
+    (tmp_path / "config.json").write_text("{}")
+    assert P.model_spec(None, "my-model", str(tmp_path))[0] == str(tmp_path)
+    spec, why = P.model_spec(None, "my-model", "/nowhere")
+    assert spec is None and "--plan-model" in why
+
+
+@pytest.mark.parametrize("quant, fmt", [(None, "bf16"), ({"quant_algo": "NVFP4"}, "nvfp4"),
+                                        ({"quant_method": "mxfp4"}, "mxfp4"), ({"quant_method": "fp8"}, "fp8")])
+def test_weight_format_comes_from_the_checkpoint(tmp_path, quant, fmt):
+    (tmp_path / "config.json").write_text(json.dumps({"quantization_config": quant} if quant else {}))
+    assert P.weight_format_of(tmp_path) == fmt
+
+
+def test_the_run_is_sized_from_the_prediction_to_fit_the_budget():
+    pred = P.predict("qwen3.6-35b", hardware="gb10", weight_format=None, floor=20.0, prompt_tokens=512,
+                     output_tokens=256)
+    roomy = P.size_run(pred, 20.0, 3600.0, None, 256, 512)
+    assert roomy.trials == 3 and roomy.output_tokens == 256 and roomy.predicted_seconds <= 0.8 * 3600
+    assert roomy.predicted_levels[0] == 1 and "the planner predicts" in roomy.reason
+    tight = P.size_run(pred, 20.0, 120.0, None, 256, 512)
+    assert (tight.trials, tight.output_tokens) < (3, 256) and tight.budget_seconds == 120.0
+    # the default check on a Spark: the predicted measurement fits in the 10 minutes
+    spark = P.size_run(pred, 20.0, 600.0 - 30.0, None, 256, 512)
+    assert spark.predicted_seconds <= 0.8 * 570 and spark.max_concurrency <= 512
+
+
+def test_comparison_rows_hold_both_sides_and_their_ratio():
+    pred = P.predict("qwen3.6-35b", hardware="gb10", weight_format=None, floor=20.0, prompt_tokens=512,
+                     output_tokens=256)
+    summary = {"curves": [{"capacity": {"20": 8},
+                           "knee": {"knee": 12.0, "plateau_tokens_per_second": 500.0, "ci": {"knee": [10.0, 15.0]}},
+                           "points": [{"concurrency": 1, "per_stream_median_tps": 40.0, "aggregate_tps": 40.0,
+                                       "ttft_p50_s": 0.1},
+                                      {"concurrency": 8, "per_stream_median_tps": 25.0, "aggregate_tps": 200.0,
+                                       "ttft_p50_s": 0.4}]}]}
+    rows = {r["quantity"]: r for r in P.compare(pred, summary, 20.0)}
+    r1 = rows["per-stream rate at 1 stream(s), tok/s"]
+    assert r1["measured"] == 40.0 and r1["ratio"] == pytest.approx(40.0 / pred.per_stream(1))
+    assert rows["knee K = alpha/beta, streams"]["measured_interval"] == [10.0, 15.0]
+    assert rows["capacity at 20 tok/s, streams"]["predicted"] == pred.plan["capacity"]["streams"]
+    assert rows["aggregate at 8 streams, tok/s"]["measured"] == 200.0
+    none = {r["quantity"]: r for r in P.compare(None, summary, 20.0)}
+    assert all(r["predicted"] is None and r["ratio"] is None for r in none.values())
