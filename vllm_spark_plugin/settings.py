@@ -65,12 +65,20 @@ class Settings:
     # per-stream rates and the SLO timed where the API server hands tokens to the client (off: the
     # engine core's clock, as vLLM's own decode time)
     delivery_clock: bool = True
+    # the SLO guard in the engine core (docs/guard.md): off, admission (cap running requests at the live
+    # capacity), prefill (bound the prefill per step while decode streams run), both
+    guard: str = "off"
     extra: dict = field(default_factory=dict)  # keys of the settings file this release does not know
     problems: tuple[str, ...] = ()  # what was wrong with the given values, one line each
 
     @property
     def first_floor(self) -> float:
         return self.floors[0]
+
+    @property
+    def guard_on(self) -> bool:
+        """The guard is asked for (SPARK_PLUGIN_GUARD is not off): the `guard` patch's switch."""
+        return self.guard != "off"
 
 
 # The keys the plugin sets for its own processes or its tools: read live, never from the file.
@@ -127,6 +135,18 @@ def _kernel_log(raw) -> str:
     return s
 
 
+GUARD_MODES = ("off", "admission", "prefill", "both")
+
+
+def _guard(raw) -> str:
+    s = str(raw).strip().lower()
+    if s in OFF or s == "":
+        return "off"
+    if s not in GUARD_MODES:
+        raise ValueError(f"expected one of {', '.join(GUARD_MODES)}")
+    return s
+
+
 def _lower(raw) -> str:
     return str(raw).strip().lower()
 
@@ -145,7 +165,7 @@ PARSERS = {"disable": _bool, "scheduler_hook": _bool, "floors": _slo(check_floor
            "knee_halflife_seconds": _positive_float, "knee_refit_seconds": _positive_float,
            "profile": str, "hardware_interval_seconds": _positive_float, "otel_endpoint": str,
            "otel_interval_seconds": _positive_float, "moe_backend": _lower, "memory_guard": _bool,
-           "kernel_log": _kernel_log, "delivery_clock": _bool}
+           "kernel_log": _kernel_log, "delivery_clock": _bool, "guard": _guard}
 KEYS = {ENV_PREFIX + name.upper(): name for name in PARSERS}
 
 

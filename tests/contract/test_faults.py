@@ -55,10 +55,10 @@ def test_broken_scheduler_stats_are_contained_and_counted(fresh, logger, what, s
 def test_broken_hook_records_are_contained_and_counted(fresh, logger):
     """A scheduler-hook record with impossible values (a step of negative length, a negative batch)."""
     reader = channel.StepReader("/nonexistent", logger.record_step, logger.count_invalid, pytest.fail)
-    reader.deliver(LAYOUT.pack(0, -5, -1, 0, 2, 2, -1, 0, -1))  # as the channel's thread hands it on
+    reader.deliver(LAYOUT.pack(0, -5, -1, 0, 2, 2, -1, 0, -1, -1, -1, -1, -1))  # as the channel's thread hands it on
     assert fresh.errors_total() == 1
     assert fresh.sample("vllm_spark_step_duration_seconds_count", model_name="fault-model", engine="0") == 0
-    reader.deliver(LAYOUT.pack(0, 20_000, 0, 0, 2, 2, 50, 101, -1))  # the next good record is recorded
+    reader.deliver(LAYOUT.pack(0, 20_000, 0, 0, 2, 2, 50, 101, -1, -1, -1, -1, -1))  # the next good record is recorded
     assert fresh.sample("vllm_spark_step_duration_seconds_count", model_name="fault-model", engine="0") == 1
 
 

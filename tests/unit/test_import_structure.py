@@ -101,6 +101,7 @@ ALLOWED = {
     "grafana": {"metrics"},
     "bench": {"knee", "metrics", "plan", "doctor"},
     "plan": {"knee"},
+    "guard": {"knee"},
     "moe": {"quant"},
     "doctor": {"moe", "quant"},
     "gpu_check": {"metrics", "moe", "quant"},

@@ -141,6 +141,8 @@ FEATURE_TEXT = {
     "nvfp4_config": "the spark_nvfp4 quantization config (ModelOpt NVFP4 checkpoints)",
     "moe_policy": "the GB10 NVFP4 MoE backend policy",
     "startup_snapshot": "the unified-memory snapshot in the log before vLLM's start-up memory check, every model",
+    "guard_admission": "the SLO guard's admission cap (SPARK_PLUGIN_GUARD=admission|both)",
+    "guard_prefill": "the SLO guard's prefill budget per step (SPARK_PLUGIN_GUARD=prefill|both)",
 }
 
 

@@ -196,8 +196,41 @@ def serving(slo: SLOConfig) -> dict:
                                    "vllm_spark_info: plugin version, vLLM version, device and MoE backend per instance.",
                                    [Q(q.sel(N.INFO, 'instance=~"$instance"'), table=True)], h=5))
     d = _slo_panels(d, slo)
+    d = _guard_panels(d, slo)
     d = _spec_decode_panels(d)
     return _finish(d, slo)
+
+
+def _guard_panels(d, slo: SLOConfig):
+    """The SLO guard (SPARK_PLUGIN_GUARD, docs/guard.md): the cap in force against the running streams,
+    the requests it holds back and how long they waited, the prefill budget.  Empty while it is off."""
+    fm = q.floor_matcher(slo.floor_tokens_per_second)
+    d = d.with_row(P.text_row("SLO guard"))
+    d = d.with_panel(P.ts("Admission cap vs running streams",
+                          "vllm_spark_guard_admission_limit: the running requests the guard allows (capacity under both SLOs at "
+                          "the first floor, with hysteresis), beside the running requests and the live capacity. Empty while the "
+                          "guard is off or the fit has no verdict.",
+                          [Q(_sum_by_instance(N.GUARD_ADMISSION_LIMIT), "{{instance}} cap"),
+                           Q(_sum_by_instance(N.RUNNING), "{{instance}} running"),
+                           Q(_sum_by_instance(N.SLO_CAPACITY, fm), "{{instance}} capacity (both SLOs)")],
+                          "short", w=8, min_val=0))
+    d = d.with_panel(P.ts("Requests held back",
+                          "vllm_spark_guard_deferred_requests: waiting requests the cap holds in vLLM's queue now, and the p50/p99 "
+                          "of how long each admitted request was held (vllm_spark_guard_deferred_seconds).",
+                          [Q(_sum_by_instance(N.GUARD_DEFERRED), "{{instance}} held"),
+                           Q(q.hist_quantile(0.5, N.GUARD_DEFERRED_SECONDS, R, "instance", base=S),
+                             "{{instance}} wait p50 (s)"),
+                           Q(q.hist_quantile(0.99, N.GUARD_DEFERRED_SECONDS, R, "instance", base=S),
+                             "{{instance}} wait p99 (s)")],
+                          "short", w=8, min_val=0))
+    d = d.with_panel(P.ts("Prefill budget per step",
+                          "vllm_spark_guard_prefill_budget_tokens: the prefill tokens a step may take while decode streams run, "
+                          "so that the fitted step time keeps them at the floor; beside the mean prefill tokens per step.",
+                          [Q(_sum_by_instance(N.GUARD_PREFILL_BUDGET), "{{instance}} budget"),
+                           Q(f"sum by (instance) ({q.rate(N.STEP_TOKENS + '_sum', R, PREFILL, base=S)}) / "
+                             f"sum by (instance) ({q.rate(N.STEP_DURATION + '_count', R, base=S)})", "{{instance}} prefill/step")],
+                          "short", w=8, min_val=0))
+    return d
 
 
 def _slo_panels(d, slo: SLOConfig):

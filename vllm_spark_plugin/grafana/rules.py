@@ -279,6 +279,14 @@ def alerts(slo: SLOConfig) -> list[tuple[str, list[Alert]]]:
               "The request queue on {{ $labels.instance }} has not drained for 10 minutes and is growing",
               "At least {{ $value }} requests waited throughout the last 10 m and the queue is still growing: arrivals exceed what the batch can absorb.",
               "5m"),
+        Alert("VllmSparkGuardHolding",
+              f"sum by ({INST}) ({N.GUARD_DEFERRED}) > 0",
+              "warning",
+              "The SLO guard on {{ $labels.instance }} has held requests back for 10 minutes",
+              "The guard (SPARK_PLUGIN_GUARD) capped running requests at the live capacity and kept {{ $value }} requests waiting "
+              "throughout the last 10 m: admitted streams keep their rate, the held ones wait (TTFT). Arrivals exceed the capacity "
+              "under both SLOs: add a replica or shed load.",
+              "10m"),
         Alert("VllmSparkPrefillStall",
               f"instance:vllm_spark_step_prefill_tokens:per_step_2m > {PREFILL_STALL_TOKENS_PER_STEP}\n"
               f"and {ON_INST}\n"

@@ -3,7 +3,7 @@
 `registration` (the general-plugin entry, in every process: installs the registry's patches),
 `scheduler` (the per-step hook in the engine core), `channel` (how engine core and workers reach the
 API server), `stats` (reading vLLM's stats objects), `stat_logger` (the stat-logger entry, API server),
-`delivery` (the clock the client sees, API server), `nvfp4_claim` and `nvfp4_methods` (the
+`delivery` (the clock the client sees, API server), `guard` (the SLO guard's levers, engine core), `nvfp4_claim` and `nvfp4_methods` (the
 quantization config and its layer methods), `startup` (the unified-memory snapshot before the engine
 builds its workers), `after_import` (patching a module once vLLM imports it), `patching` (the one
 way an attribute of vLLM is replaced), `roles`.
@@ -83,6 +83,13 @@ PATCHES = (
           "vLLM reading MemAvailable (or cudaMemGetInfo counting reclaimable page cache) on unified memory "
           "(vllm#48140) and saying the fix in its own error",
           install="vllm_spark_plugin.hooks.startup:install", probe="startup_snapshot", setting="memory_guard"),
+    Patch("guard", "vllm.v1.core.sched.scheduler.Scheduler.schedule (for the one call: max_num_active_reqs, or "
+          "max_num_running_reqs before 0.32, and max_num_scheduled_tokens)", "wrap",
+          "the opt-in SLO guard (SPARK_PLUGIN_GUARD): admission into RUNNING capped at the live capacity and "
+          "the prefill per step bounded so running streams keep the floor; vLLM offers no per-step limit hook",
+          "0.27.1, 0.32.0 (a real Scheduler, tests/contract/test_guard_scheduler.py); 0.33.0 (probes: the source)",
+          "vLLM exposing an admission policy or a per-step token-budget hook to plugins",
+          install="vllm_spark_plugin.hooks.guard:install", probe="guard", setting="guard_on"),
     Patch("tuned_configs", "VLLM_TUNED_CONFIG_FOLDER (environment)", "register",
           "GB10 Triton fused-MoE configs vLLM does not ship",
           "0.27.1, 0.29.0, 0.32.0, 0.33.0",

@@ -12,8 +12,9 @@ import sys
 class AfterImport:
     """A meta-path finder that runs `fn(module)` right after `name` is imported."""
 
-    def __init__(self, name: str, fn) -> None:
-        self.name, self.fn = name, fn
+    def __init__(self, name: str, fn, key: str = "") -> None:
+        self.name = name
+        self.fns = {key: fn}  # every patch waiting for this module, by key
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname != self.name:
@@ -22,22 +23,28 @@ class AfterImport:
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         if spec is None or spec.loader is None:
             return None
-        exec_module, fn = spec.loader.exec_module, self.fn
+        exec_module, fns = spec.loader.exec_module, self.fns
 
         def exec_and_patch(module):
             exec_module(module)
-            fn(module)
+            for fn in list(fns.values()):
+                fn(module)
         spec.loader.exec_module = exec_and_patch
         return spec
 
 
-def when_imported(name: str, fn) -> None:
-    """`fn(module)` once `name` is imported; one watcher per module name, however often installed."""
+def when_imported(name: str, fn, key: str = "") -> None:
+    """`fn(module)` once `name` is imported; one watcher per module name and one call per `key`,
+    however often installed (several patches wait for one module under their own keys)."""
     module = sys.modules.get(name)
     if module is not None:
         fn(module)
-    elif not any(isinstance(f, AfterImport) and f.name == name for f in sys.meta_path):
-        sys.meta_path.insert(0, AfterImport(name, fn))
+        return
+    watcher = next((f for f in sys.meta_path if isinstance(f, AfterImport) and f.name == name), None)
+    if watcher is None:
+        sys.meta_path.insert(0, AfterImport(name, fn, key))
+    else:
+        watcher.fns.setdefault(key, fn)
 
 
 def patch_when_imported(name: str, probe: str, patch, on_error, where: str, off: str) -> None:
@@ -56,4 +63,4 @@ def patch_when_imported(name: str, probe: str, patch, on_error, where: str, off:
         except Exception as exc:
             on_error(where, exc)
 
-    when_imported(name, run)
+    when_imported(name, run, where)

@@ -17,6 +17,7 @@ from vllm_spark_plugin.vllm.capabilities import SCHEDULER_MODULE
 log = logging.getLogger("vllm_spark_plugin")
 
 PATCH = "scheduler_hook"
+GUARD_STATE = "_vllm_spark_guard"  # where hooks.guard keeps its per-scheduler state (fed from the step values here)
 
 
 class _HookState:
@@ -136,14 +137,18 @@ def patch_scheduler(Scheduler, on_error) -> None:
                     start = st.last_end if (st.busy and st.last_end) else t0
                     st.last_end = end
                     st.busy = _busy(self)
-                    if st.writer is not None:
+                    guard = self.__dict__.get(GUARD_STATE)  # hooks.guard's state: None while the guard is off
+                    if st.writer is not None or guard:
                         pr, pt, dr, dt = _composition(scheduler_output)
-                        pool = self.kv_cache_manager.block_pool
-                        st.writer.add(HookStep(st.engine, int((end - start) * 1e6), pr, pt, dr, dt,
-                                               pool.get_num_free_blocks(), pool.num_gpu_blocks,
-                                               _sampled_tokens(scheduler_output, model_runner_output)))
-                        if not st.busy:
-                            st.writer.flush()  # idle now: the last steps must not wait for the next load
+                        sampled = _sampled_tokens(scheduler_output, model_runner_output)
+                        step_us = int((end - start) * 1e6)
+                        fields = guard.step_fields(pr + dr, pt, step_us, sampled) if guard else ()
+                        if st.writer is not None:
+                            pool = self.kv_cache_manager.block_pool
+                            st.writer.add(HookStep(st.engine, step_us, pr, pt, dr, dt, pool.get_num_free_blocks(),
+                                                   pool.num_gpu_blocks, sampled, *fields))
+                            if not st.busy:
+                                st.writer.flush()  # idle now: the last steps must not wait for the next load
         except Exception as exc:
             on_error("scheduler_hook", exc)
         return outputs

@@ -19,7 +19,7 @@ from vllm_spark_plugin.definitions import SLO_OUTCOMES, slo_outcome
 from vllm_spark_plugin.knee.result import floor_key
 from vllm_spark_plugin.metrics import derive
 from vllm_spark_plugin.metrics.engine_stats import EngineStats
-from vllm_spark_plugin.metrics.step import HookStep
+from vllm_spark_plugin.metrics.step import NOT_COUNTED, HookStep
 
 
 class EngineChildren:
@@ -45,6 +45,9 @@ class EngineChildren:
         self._lv = lv
         self._finished_children: dict = {}
         self.invalid = ins.errors.labels(where="invalid_stats")
+        # the guard's series are created on its first value (absent while it is off)
+        self.guard_limit, self.guard_deferred, self.guard_budget = ins.guard_limit, ins.guard_deferred, ins.guard_budget
+        self.guard_deferred_seconds = ins.guard_deferred_seconds
         # latency SLO, per floor: (floor, {outcome: requests child}, {outcome: tokens child}); every
         # outcome's series exists from the start, so attainment is defined as soon as requests finish
         self.slo = tuple((f, {o: ins.slo_requests.labels(*lv, floor_key(f), o) for o in SLO_OUTCOMES},
@@ -83,6 +86,10 @@ class EngineState:
         self.kv_used_now: int | None = None
         self.waiting_now: int | None = None
         self.rewrite = rewrite_gauges
+        # the guard's last values (limit, held, prefill budget); NOT_COUNTED: absent
+        self.guard_now = (NOT_COUNTED, NOT_COUNTED, NOT_COUNTED)
+        self._model = model
+        self._guard_wait = None  # the deferred-seconds child, made on the first held request
 
     # -- shared sinks --------------------------------------------------------------------------------
     def _batch(self, batch: int) -> None:
@@ -117,6 +124,23 @@ class EngineState:
         used = step.kv_used
         if used is not None:
             self._kv_used(used)
+        if step.guard_wait_us >= 0:
+            if self._guard_wait is None:
+                self._guard_wait = c.guard_deferred_seconds.labels(self._model, self.engine)
+            self._guard_wait.observe(step.guard_wait_us * 1e-6)
+        guard = (step.guard_limit, step.guard_held, step.guard_budget)
+        if guard != self.guard_now or (self.rewrite and guard[0] >= 0):
+            self._record_guard(guard)
+
+    def _record_guard(self, guard: tuple) -> None:
+        """The guard's gauges: set to each value, removed when it goes (the guard off or without a verdict)."""
+        c = self.children
+        for value, before, gauge in zip(guard, self.guard_now, (c.guard_limit, c.guard_deferred, c.guard_budget)):
+            if value >= 0:
+                gauge.labels(self._model, self.engine).set(value)
+            elif before >= 0:
+                gauge.remove(self._model, self.engine)
+        self.guard_now = guard
 
     def record_stats(self, s: EngineStats) -> None:
         """vLLM's stats of one step.  O(1) plus O(1) per TTFT and finished request."""

@@ -80,6 +80,15 @@ class Instruments:
                                    LABELS + ("floor",), registry=r)
         self.spare_capacity = _gauge(n.SPARE_CAPACITY, "Capacity under both SLOs minus the running streams (negative when "
                                      "overloaded), streams.", LABELS + ("floor",), registry=r)
+        # the SLO guard (absent while it is off)
+        self.guard_limit = _gauge(n.GUARD_ADMISSION_LIMIT, "The SLO guard's cap on running requests in force (capacity under "
+                                  "both SLOs at the first floor, with hysteresis), requests.", registry=r)
+        self.guard_deferred = _gauge(n.GUARD_DEFERRED, "Waiting requests the SLO guard's cap holds back now.", registry=r)
+        self.guard_deferred_seconds = Histogram(n.GUARD_DEFERRED_SECONDS, "How long each request the SLO guard held back "
+                                                "waited before it was admitted, seconds.", LABELS,
+                                                buckets=n.TTFT_BUCKETS, registry=r)
+        self.guard_budget = _gauge(n.GUARD_PREFILL_BUDGET, "Prefill tokens the SLO guard lets a step take while decode "
+                                   "streams run.", registry=r)
         # hardware
         self.energy = Counter(n.GPU_ENERGY, "GPU energy since the plugin started (NVML total energy deltas), joules.", ("gpu",), registry=r)
         self.power = _gauge(n.GPU_POWER, "GPU power draw, watts.", ("gpu",), registry=r)

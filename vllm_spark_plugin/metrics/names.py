@@ -41,6 +41,11 @@ CAPACITY_TTFT = PREFIX + "capacity_ttft_streams"                  # gauge, highe
 CAPACITY_TTFT_VERDICT = PREFIX + "capacity_ttft_verdict"          # gauge=1, label verdict
 SLO_CAPACITY = PREFIX + "slo_capacity_streams"                    # gauge, label floor: capacity under both SLOs
 SPARE_CAPACITY = PREFIX + "spare_capacity_streams"                # gauge, label floor: SLO capacity - running
+# the SLO guard (guard/, docs/guard.md): absent while it is off
+GUARD_ADMISSION_LIMIT = PREFIX + "guard_admission_limit"          # gauge, the cap on running requests in force
+GUARD_DEFERRED = PREFIX + "guard_deferred_requests"               # gauge, waiting requests the cap holds back now
+GUARD_DEFERRED_SECONDS = PREFIX + "guard_deferred_seconds"        # histogram, how long each admitted request was held
+GUARD_PREFILL_BUDGET = PREFIX + "guard_prefill_budget_tokens"     # gauge, prefill tokens a step may take while decode runs
 # hardware
 GPU_ENERGY = PREFIX + "gpu_energy_joules_total"                   # counter
 GPU_POWER = PREFIX + "gpu_power_watts"                            # gauge

@@ -11,9 +11,9 @@ from __future__ import annotations
 import struct
 from typing import Iterator, NamedTuple
 
-# nine little-endian int64: one record per step; a batch of records is one datagram
-LAYOUT = struct.Struct("<9q")
-NOT_COUNTED = -1  # `kv_free` / `sampled` when the hook could not count them
+# thirteen little-endian int64: one record per step; a batch of records is one datagram
+LAYOUT = struct.Struct("<13q")
+NOT_COUNTED = -1  # `kv_free` / `sampled` / the guard's fields when the hook could not count them (or the guard is off)
 
 
 class InvalidStep(ValueError):
@@ -30,11 +30,16 @@ class HookStep(NamedTuple):
     kv_free: int         # free KV blocks after the step (NOT_COUNTED: unknown)
     kv_total: int        # blocks in the pool, vLLM's null block included (0: unknown)
     sampled: int         # tokens the step produced; counted only with speculative decoding, else NOT_COUNTED
+    # the SLO guard (guard/, hooks.guard); NOT_COUNTED while it is off or has no verdict
+    guard_limit: int = NOT_COUNTED     # the admission cap in force (running requests allowed)
+    guard_held: int = NOT_COUNTED      # waiting requests the cap holds back now
+    guard_budget: int = NOT_COUNTED    # prefill tokens a step may take while decode streams run
+    guard_wait_us: int = NOT_COUNTED   # how long one request admitted after being held waited, microseconds
 
     @classmethod
     def from_wire(cls, fields) -> "HookStep":
         """The one way a record becomes a step: raises InvalidStep naming the first bad field."""
-        step = cls._make(fields)
+        step = cls(*fields)  # the guard's fields default to NOT_COUNTED when a record lacks them
         if step.step_us < 0 or step.prefill_reqs < 0 or step.prefill_tokens < 0 or step.decode_reqs < 0 \
                 or step.decode_tokens < 0:
             bad = next(n for n in ("step_us", "prefill_reqs", "prefill_tokens", "decode_reqs", "decode_tokens")

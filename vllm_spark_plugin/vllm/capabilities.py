@@ -287,9 +287,67 @@ def startup_snapshot() -> Capability:
     return _probe("startup_snapshot", _check_startup_snapshot)
 
 
+# --- the SLO guard's levers (engine core) ---------------------------------------------------------
+# Admission into RUNNING: the limit vLLM's waiting loop checks (`num_running >= self.<attr>`), per
+# release: max_num_active_reqs (0.32 on, separate from the model runner's slot count), else
+# max_num_running_reqs.  The prefill lever: the step's token budget, read once at the top of schedule().
+ADMISSION_ATTRIBUTES = ("max_num_active_reqs", "max_num_running_reqs")
+BUDGET_ATTRIBUTE = "max_num_scheduled_tokens"
+
+
+def _schedule_source() -> str:
+    sched = _attr(SCHEDULER_MODULE + ":Scheduler")
+    return inspect.getsource(inspect.unwrap(sched.schedule)), inspect.getsource(sched.__init__)
+
+
+def admission_attribute() -> str:
+    """The Scheduler attribute that bounds admission into RUNNING on this release (LookupError if none)."""
+    schedule, init = _schedule_source()
+    for attr in ADMISSION_ATTRIBUTES:
+        if f"self.{attr} =" in init and f">= self.{attr}" in schedule:
+            return attr
+    raise LookupError("Scheduler.schedule checks none of " + ", ".join(ADMISSION_ATTRIBUTES)
+                      + " before admitting a waiting request")
+
+
+def _check_guard_admission() -> str:
+    return f"Scheduler.{admission_attribute()} bounds admission from the waiting queue"
+
+
+def guard_admission() -> Capability:
+    """The admission guard's lever: a per-step limit on running requests vLLM's scheduler reads."""
+    return _probe("guard_admission", _check_guard_admission)
+
+
+def _check_guard_prefill() -> str:
+    schedule, init = _schedule_source()
+    if f"self.{BUDGET_ATTRIBUTE} =" not in init or f"token_budget = self.{BUDGET_ATTRIBUTE}" not in schedule:
+        raise LookupError(f"Scheduler.schedule does not take its token budget from self.{BUDGET_ATTRIBUTE}")
+    return f"Scheduler.{BUDGET_ATTRIBUTE} is the step's token budget"
+
+
+def guard_prefill() -> Capability:
+    """The prefill guard's lever: the per-step token budget vLLM's scheduler reads."""
+    return _probe("guard_prefill", _check_guard_prefill)
+
+
+def _check_guard() -> str:
+    have = [c for c in (guard_admission(), guard_prefill()) if c.ok]
+    if not have:
+        raise LookupError("neither lever: " + guard_admission().reason + "; " + guard_prefill().reason)
+    _check_step_hook()  # the guard's fit is fed by the step hook
+    return "; ".join(c.reason for c in have)
+
+
+def guard() -> Capability:
+    """Some lever of the guard exists (each is probed again for the mode asked for)."""
+    return _probe("guard", _check_guard)
+
+
 PROBES = {"step_hook": step_hook, "stat_logger": stat_logger, "delivery_clock": delivery_clock,
           "nvfp4_config": nvfp4_config, "moe_policy": moe_policy,
-          "startup_snapshot": startup_snapshot}
+          "startup_snapshot": startup_snapshot, "guard_admission": guard_admission,
+          "guard_prefill": guard_prefill}
 
 
 def all_capabilities() -> dict[str, Capability]:
