@@ -73,7 +73,7 @@ def _scheduler_output(new: dict[str, int], cached: dict[str, tuple[int, int]]):
 
 def test_step_composition_from_a_real_scheduler_output():
     so = _scheduler_output({"a": 100}, {"b": (1, 5), "c": (1, 9), "d": (64, 0)})
-    pre_reqs, pre_tokens, dec_reqs, dec_tokens = hook._composition(so)
+    pre_reqs, pre_tokens, dec_reqs, dec_tokens = hook.composition(so)
     from vllm.v1.core.sched.output import CachedRequestData
     chunked_seen = "num_output_tokens" in {f.name for f in dataclasses.fields(CachedRequestData)}
     # "d" is a continuing chunked prefill (no output token yet) where the release says so

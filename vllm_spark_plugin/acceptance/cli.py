@@ -25,6 +25,7 @@ from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
 
+from ..bench.cli import positive
 from ..definitions import DEFAULT_FLOOR_TOKENS_PER_SECOND
 from .prediction import Prediction, PredictionError, compare, model_spec, predict, reference_curve, size_run
 
@@ -36,18 +37,6 @@ MIN_MEASURE_SECONDS = 20.0
 JSON_NAME, REPORT_NAME, BENCH_DIR = "check.json", "report.html", "bench"
 
 
-def _positive(kind):
-    def parse(text: str):
-        try:
-            v = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-        if not v > 0:
-            raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-        return v
-    return parse
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     t = parser.add_argument_group("the server")
     t.add_argument("--endpoint", default="http://127.0.0.1:8000", help="OpenAI-compatible server root "
@@ -55,18 +44,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--model", default=None, help="served model name (default: the first it serves)")
     t.add_argument("--api-key", default=None, help="bearer token (default: $OPENAI_API_KEY)")
     w = parser.add_argument_group("workload and time")
-    w.add_argument("--floor", type=_positive(float), default=DEFAULT_FLOOR_TOKENS_PER_SECOND,
+    w.add_argument("--floor", type=positive(float), default=DEFAULT_FLOOR_TOKENS_PER_SECOND,
                    help="per-stream decode-rate floor for capacity, tok/s (default: 20, seed 003)")
-    w.add_argument("--prompt-tokens", type=_positive(int), default=512,
+    w.add_argument("--prompt-tokens", type=positive(int), default=512,
                    help="random prompt tokens per request (default: %(default)s)")
-    w.add_argument("--output-tokens", type=_positive(int), default=256,
+    w.add_argument("--output-tokens", type=positive(int), default=256,
                    help="output tokens per request; halved (to 64 at least) when the prediction says the "
                         "run would not fit --minutes (default: %(default)s)")
-    w.add_argument("--trials", type=_positive(int), default=None,
+    w.add_argument("--trials", type=positive(int), default=None,
                    help="trials per level (default: 3, 2 or 1, the most the prediction fits in --minutes)")
-    w.add_argument("--minutes", type=_positive(float), default=DEFAULT_MINUTES,
+    w.add_argument("--minutes", type=positive(float), default=DEFAULT_MINUTES,
                    help="the whole check's time, doctor and reports included (default: %(default)g)")
-    w.add_argument("--max-concurrency", type=_positive(int), default=512,
+    w.add_argument("--max-concurrency", type=positive(int), default=512,
                    help="highest level the search may ask for (default: %(default)s, lowered to 4x the "
                         "predicted capacity or knee)")
     p = parser.add_argument_group("prediction (vllm-spark plan)")

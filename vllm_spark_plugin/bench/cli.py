@@ -62,14 +62,15 @@ def _float_list(text: str) -> tuple[float, ...]:
     return tuple(sorted(set(vals)))
 
 
-def _positive(kind):
+def positive(kind):
+    """An argparse type: a positive `kind` (int or float), or one line saying what was expected."""
     def parse(text: str):
         try:
             v = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a {kind.__name__}, got {text!r}") from None
         if not v > 0:
-            raise argparse.ArgumentTypeError(f"expected a positive value, got {text!r}")
+            raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
         return v
     return parse
 
@@ -161,22 +162,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     w.add_argument("--levels", type=_levels, default=DEFAULT_LEVELS, metavar="N,N,...|auto",
                    help="concurrency levels (default: 1,2,4,8,16,32,64), or auto: grow from 1 until the knee "
                         "and every capacity boundary are bracketed, then bisect each to one stream")
-    w.add_argument("--trials", type=_positive(int), default=3, help="measured trials per level (seed: 1-5; default: %(default)s)")
+    w.add_argument("--trials", type=positive(int), default=3, help="measured trials per level (seed: 1-5; default: %(default)s)")
     w.add_argument("--no-warmup", dest="warmup", action="store_false", help="skip the warm-up wave per level")
-    w.add_argument("--requests", type=_positive(int), default=None,
+    w.add_argument("--requests", type=positive(int), default=None,
                    help="closed loop: requests per trial (default 4 x concurrency)")
-    w.add_argument("--duration", type=_positive(float), default=None,
+    w.add_argument("--duration", type=positive(float), default=None,
                    help="closed loop: seconds per trial (new requests stop after it; in-flight ones finish)")
     w.add_argument("--workload", default="code,prose", metavar="W[,W]",
                    help=f"workloads, comma-separated, from {', '.join(WORKLOAD_NAMES)} (default: %(default)s)")
-    w.add_argument("--output-tokens", type=_positive(int), default=None,
+    w.add_argument("--output-tokens", type=positive(int), default=None,
                    help="requested output tokens for every workload (default: code 1000, prose 500, random 256)")
     w.add_argument("--temperature", type=float, default=None,
                    help="temperature for every workload (default: code 0, prose 0.7, random 0)")
     w.add_argument("--tokenizer", default=None, metavar="PATH",
                    help="tokenizer folder of the served model: random prompts become exact-length text, "
                         "as `vllm bench serve --dataset-name random` sends (needs transformers)")
-    w.add_argument("--random-input-len", type=_positive(int), default=256,
+    w.add_argument("--random-input-len", type=positive(int), default=256,
                    help="prompt tokens of the random workload (default: %(default)s)")
     w.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
                    help="do not send ignore_eos (outputs may then end short; they are flagged)")
@@ -189,28 +190,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     w.add_argument("--seed", type=int, default=None, help="seed for random prompts")
 
     au = parser.add_argument_group("adaptive search (--levels auto; budgets are per curve)")
-    au.add_argument("--budget-points", type=_positive(int), default=None, metavar="N",
+    au.add_argument("--budget-points", type=positive(int), default=None, metavar="N",
                     help=f"most levels to measure (default: {AUTO_DEFAULTS.max_points})")
-    au.add_argument("--budget-seconds", type=_positive(float), default=None, metavar="S",
+    au.add_argument("--budget-seconds", type=positive(float), default=None, metavar="S",
                     help="most wall time, warm-ups included; a point that would pass it is not started "
                          f"(default: {AUTO_DEFAULTS.max_seconds:g})")
-    au.add_argument("--max-concurrency", type=_positive(int), default=None, metavar="N",
+    au.add_argument("--max-concurrency", type=positive(int), default=None, metavar="N",
                     help=f"highest level the search may ask for (default: {AUTO_DEFAULTS.max_concurrency})")
-    au.add_argument("--auto-start", type=_positive(int), default=None, metavar="N",
+    au.add_argument("--auto-start", type=positive(int), default=None, metavar="N",
                     help=f"first level (default: {AUTO_DEFAULTS.start})")
 
     a = parser.add_argument_group("analysis")
     a.add_argument("--floor", type=_float_list, default=(20.0,), metavar="TPS[,TPS]",
                    help="per-stream decode-rate floors for capacity, tok/s (default: 20, seed 003)")
-    a.add_argument("--ttft-slo", type=_positive(float), default=None, metavar="SECONDS",
+    a.add_argument("--ttft-slo", type=positive(float), default=None, metavar="SECONDS",
                    help="also bound the fitted capacity by median TTFT (knee fit only)")
 
     slo = parser.add_argument_group("latency SLO (goodput and attainment per point; any one turns it on)")
-    slo.add_argument("--slo-ttft", type=_positive(float), default=None, metavar="SECONDS",
+    slo.add_argument("--slo-ttft", type=positive(float), default=None, metavar="SECONDS",
                      help="a request meets the SLO only if its TTFT is at most this")
-    slo.add_argument("--slo-floor", type=_positive(float), default=None, metavar="TPS",
+    slo.add_argument("--slo-floor", type=positive(float), default=None, metavar="TPS",
                      help="... and its per-stream decode rate is at least this (requests with < 2 tokens: TTFT alone)")
-    slo.add_argument("--slo-e2e", type=_positive(float), default=None, metavar="SECONDS",
+    slo.add_argument("--slo-e2e", type=positive(float), default=None, metavar="SECONDS",
                      help="... and its end-to-end time (request sent to last token) is at most this")
     slo.add_argument("--slo-target", type=_fraction, default=0.99, metavar="FRACTION",
                      help="attainment a concurrency must reach to count as meeting the SLO (default: %(default)s)")
@@ -218,34 +219,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s = parser.add_argument_group("scenarios (seed 003)")
     s.add_argument("--scenario", action="append", choices=SCENARIOS,
                    help="what to run (repeatable; default: sweep)")
-    s.add_argument("--scenario-streams", type=_positive(int), default=8,
+    s.add_argument("--scenario-streams", type=positive(int), default=8,
                    help="prefill-interference: decode streams running when the long prompt arrives "
                         "(default: %(default)s)")
     s.add_argument("--scenario-workload", choices=("code", "prose"), default="prose",
                    help="prefill-interference: prompts of the decode streams (default: %(default)s)")
-    s.add_argument("--long-prompt-tokens", type=_positive(int), default=32000,
+    s.add_argument("--long-prompt-tokens", type=positive(int), default=32000,
                    help="long prompt / document length in tokens, shortened to fit max_model_len "
                         "(default: %(default)s)")
-    s.add_argument("--probe-interval", type=_positive(float), default=0.5,
+    s.add_argument("--probe-interval", type=positive(float), default=0.5,
                    help="prefill-interference: seconds between short probe requests during the prefill "
                         "(default: %(default)s)")
-    s.add_argument("--baseline-seconds", type=_positive(float), default=3.0,
+    s.add_argument("--baseline-seconds", type=positive(float), default=3.0,
                    help="prefill-interference: decode seconds measured before the long prompt "
                         "(default: %(default)s)")
-    s.add_argument("--tail-seconds", type=_positive(float), default=3.0,
+    s.add_argument("--tail-seconds", type=positive(float), default=3.0,
                    help="prefill-interference: decode seconds kept after the long prompt (default: %(default)s)")
-    s.add_argument("--dip-threshold", type=_positive(float), default=0.5,
+    s.add_argument("--dip-threshold", type=positive(float), default=0.5,
                    help="prefill-interference: the dip is where the rate is below this fraction of the "
                         "baseline (default: %(default)s)")
-    s.add_argument("--reuse-repeats", type=_positive(int), default=3,
+    s.add_argument("--reuse-repeats", type=positive(int), default=3,
                    help="prefix-reuse: documents, each sent twice: cold, then cached (default: %(default)s)")
 
     o = parser.add_argument_group("timeouts and output")
-    o.add_argument("--connect-timeout", type=_positive(float), default=5.0,
+    o.add_argument("--connect-timeout", type=positive(float), default=5.0,
                    help="seconds for preflight and TCP connects (default: %(default)s)")
-    o.add_argument("--read-timeout", type=_positive(float), default=120.0,
+    o.add_argument("--read-timeout", type=positive(float), default=120.0,
                    help="longest silence (s) allowed within a request (default: %(default)s)")
-    o.add_argument("--request-timeout", type=_positive(float), default=3600.0, help="seconds per request (default: %(default)s)")
+    o.add_argument("--request-timeout", type=positive(float), default=3600.0, help="seconds per request (default: %(default)s)")
     o.add_argument("--out", type=Path, default=None,
                    help="output folder (default runs/bench-YYYYmmdd-HHMMSS)")
     o.add_argument("--quiet", action="store_true", help="no progress output")

@@ -31,7 +31,7 @@ class _HookState:
         self.engine = engine
 
 
-def _composition(so) -> tuple[int, int, int, int]:
+def composition(so) -> tuple[int, int, int, int]:
     """(prefill_reqs, prefill_tokens, decode_reqs, decode_tokens) of one SchedulerOutput.
 
     A request is in prefill if it is new this step or a cached request with no output token yet
@@ -139,7 +139,7 @@ def patch_scheduler(Scheduler, on_error) -> None:
                     st.busy = _busy(self)
                     guard = self.__dict__.get(GUARD_STATE)  # hooks.guard's state: None while the guard is off
                     if st.writer is not None or guard:
-                        pr, pt, dr, dt = _composition(scheduler_output)
+                        pr, pt, dr, dt = composition(scheduler_output)
                         sampled = _sampled_tokens(scheduler_output, model_runner_output)
                         step_us = int((end - start) * 1e6)
                         fields = guard.step_fields(pr + dr, pt, step_us, sampled) if guard else ()
