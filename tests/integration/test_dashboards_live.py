@@ -35,6 +35,9 @@ EXPECTED_EMPTY: dict[str, str] = {
     "instance:vllm_spark_nvrm_": "recorded from the NVRM event series above",
     "spec_decode": "the main test server runs without speculative decoding, so vLLM exports no vllm:spec_decode_* "
                    "counters; tests/integration/test_spec_decode.py runs these panels and rules against an n-gram server",
+    "vllm_spark_guard_": "the main test server runs with the SLO guard off (SPARK_PLUGIN_GUARD unset, the default), and "
+                         "the guard's series are absent while it is off; tests/contract/test_guard_scheduler.py "
+                         "checks the values they carry",
     "vllm_spark_capacity_ttft_streams": "the TTFT capacity is unknown (absent) while TTFT stays within the SLO at "
                                         "every observed batch, as under this light load (verdict gauge says so)",
 }
