@@ -21,6 +21,7 @@ printed (all 32 in the quiet runs here).
 from __future__ import annotations
 
 import collections
+import statistics
 import time
 
 import pytest
@@ -95,7 +96,13 @@ def test_goodput_tokens_are_the_met_requests_completion_tokens(slo_run):
         assert all(s.output_tokens == MAX_TOKENS for s in run["streams"])
         assert tokens[SLO_MET] == MAX_TOKENS * requests[SLO_MET]
         assert sum(tokens.values()) == sum(s.output_tokens for s in run["streams"])
-        assert abs(tokens[SLO_MET] - client_met_tokens) <= 0.05 * MAX_TOKENS * len(run["streams"])
+        # a stream the client read in a burst (all in one piece: no rate, judged on TTFT alone by the
+        # definition; or in two reads close together: a rate ten times the phase's median) is timed by
+        # the client's own lateness, not the server's delivery: its tokens may differ
+        rates = [s.decode_rate for s in run["streams"] if s.decode_rate is not None]
+        median = statistics.median(rates) if rates else 0.0
+        burst = sum(s.output_tokens for s in run["streams"] if s.decode_rate is None or s.decode_rate > 10 * median)
+        assert abs(tokens[SLO_MET] - client_met_tokens) <= burst + 0.05 * MAX_TOKENS * len(run["streams"])
 
 
 def test_ttft_slo_and_capacity_series_are_exported(slo_run, vllm_server):
