@@ -3,28 +3,36 @@
 One run, one server at a time:
 
 1. guard off: a closed-loop ramp (levels 1 to --ramp-max) gives the API server's fit its spread; the
-   floor F is then chosen from that fit so that the capacity at F is --target-capacity streams
+   floor F is then chosen from that fit so that the live capacity at F is --target-capacity streams
    (the tiny model's capacity at 20 tok/s is in the hundreds: the ramp could not pass it on a CPU);
-2. the overload, guard off: closed-loop at --overload times that capacity, judged at floor F;
+2. the overload, guard off, --rounds times: closed-loop at --overload times that capacity;
 3. a fresh server with SPARK_PLUGIN_GUARD=admission and SPARK_PLUGIN_FLOORS=F: the same ramp (the
-   engine core's own fit; the guard acts during it already), then the same overload.
+   engine core's own fit; the guard acts during it already), then the same overload --rounds times.
 
-Per overload run: the share of requests meeting the floor (and TTFT <= --ttft-slo), goodput (output
-tokens/s of those), TTFT p50/p99, aggregate output tokens/s, the guard's cap and how many requests it
-held.  Results go to benchmarks/results/guard_effect.json.
+Per overload round, from the client's per-request records (streams.csv): the share of requests whose
+per-stream rate meets F, rate goodput (output tokens of those per second), TTFT p50/p99, aggregate
+output tokens/s; with the guard its cap, the step-time tail it priced in (its log), the aggregate
+the fitted model gives at the cap, and how many requests it held.  Medians over the rounds; results
+go to benchmarks/results/guard_effect.json.
 
-Prefill interference (`--only prefill`): 8 decode streams of 256 tokens while 1500-token prompts
-arrive two at a time, guard off and `prefill`, on fresh servers after the same ramp: the decode
-streams' per-stream rate and the long prompts' TTFT.
+Both overloads run through `vllm-spark bench --scenario overload --overload-streams N` (the same N
+for both servers).
 
-    python benchmarks/guard_effect.py [--target-capacity 24] [--overload 3] [--requests 144]
-    python benchmarks/guard_effect.py --only prefill [--prefill-floor 150]
+Prefill interference (`--only prefill`): `vllm-spark bench --scenario prefill-interference` on
+servers with max_model_len 4096 and a 4096-token step budget: --prefill-streams decode streams,
+then one prompt that fills max_model_len, --rounds times, guard off and `prefill`: the slowest
+running stream's rate over the prefill window and the long prompt's TTFT.
+
+    python benchmarks/guard_effect.py [--target-capacity 24] [--overload 3] [--requests 216] [--rounds 3]
+    python benchmarks/guard_effect.py --only prefill [--prefill-floor 120] [--prefill-streams 8]
 """
 from __future__ import annotations
 
 import argparse
 import csv
 import json
+import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -69,48 +77,98 @@ def one(m, name, contains: str = "") -> float | None:
     return vals[0] if vals else None
 
 
-def row_summary(row: dict) -> dict:
-    def f(k):
-        return float(row[k]) if row.get(k) not in (None, "") else None
-    return {"concurrency": int(row["concurrency"]), "completed": int(row["completed"]), "errors": int(row["errors"]),
-            "slo_attainment": f("slo_attainment"), "goodput_tps": f("goodput_tps"), "ttft_p50_s": f("ttft_p50_s"),
-            "ttft_p99_s": f("ttft_p99_s"), "output_tps": f("output_tps"),
-            "per_stream_median_tps": f("per_stream_median_tps"), "per_stream_p10_tps": f("per_stream_p10_tps"),
-            "slo_missed_rate": f("slo_missed_rate"), "slo_missed_ttft": f("slo_missed_ttft")}
-
-
-def read_rows(out: Path) -> list[dict]:
-    with open(out / "sweep.csv", newline="") as fh:
-        return [r for r in csv.DictReader(fh) if r.get("row_type") == "point"]
-
-
 def prefill_scenario(args, model: str, work: Path, floor: float) -> dict:
-    """Decode streams (8, 256 tokens each) while long prompts (1500 tokens, 2 at a time) arrive, guard
-    off and `prefill`: the decode streams' per-stream rate and the long prompts' TTFT."""
-    out = {"floor": floor, "decode_streams": 8, "long_prompt_tokens": 1500}
+    """`vllm-spark bench --scenario prefill-interference`: --prefill-streams decode streams running,
+    then a prompt that fills max_model_len (4096 here, and a token budget as large, so that without
+    the guard vLLM prefills it in one step), --rounds times, guard off and `prefill`, on fresh servers
+    after the same ramp and a few long prompts (so the fit has its prefill cost, gamma): the slowest
+    running stream's rate over the prefill window, the long prompt's TTFT, and the guard's budget."""
+    out = {"floor": floor, "decode_streams": args.prefill_streams, "max_model_len": 4096}
     for mode in ("off", "prefill"):
         env = {"SPARK_PLUGIN_GUARD": mode, "SPARK_PLUGIN_FLOORS": f"{floor:g}", "SPARK_PLUGIN_KNEE_REFIT_SECONDS": "2"}
-        server = VllmServer(model_path=model, env=env, log_path=work / f"prefill-{mode}.log")
+        server = VllmServer(model_path=model, env=env, log_path=work / f"prefill-{mode}.log", max_model_len=4096,
+                            extra_args=["--max-num-batched-tokens", "4096"])
         try:
             server.start(timeout=900)
             server.prioritize_frontend()
             bench(server, work / f"pramp-{mode}", args.ramp, args.ramp_requests, args, None)
-            bench(server, work / f"plong-warm-{mode}", "2", 4, args, None, prompt=1500, output=4)  # gamma
-            decode = bench(server, work / f"pdecode-{mode}", "8", 16, args, floor, prompt=32, output=256, wait=False)
-            time.sleep(2)
-            long = bench(server, work / f"plong-{mode}", "2", 6, args, None, prompt=1500, output=4, wait=False)
-            for proc in (decode, long):
-                if proc.wait() != 0:
-                    raise RuntimeError(f"bench failed: {proc.stderr.read()[-2000:]}")
-            m = metrics(server)
-            (d,) = read_rows(work / f"pdecode-{mode}")
-            (lp,) = read_rows(work / f"plong-{mode}")
-            out[mode] = {"decode": row_summary(d), "long_prompt_ttft_p50_s": row_summary(lp)["ttft_p50_s"],
-                         "long_prompt_ttft_p99_s": row_summary(lp)["ttft_p99_s"], "long_completed": int(lp["completed"]),
-                         "prefill_budget_tokens": one(m, "vllm_spark_guard_prefill_budget_tokens")}
+            bench(server, work / f"plong-warm-{mode}", "1,2", 4, args, None, prompt=3000, output=4)  # gamma
+            rounds = []
+            for k in range(args.rounds):
+                r = scenario(server, work / f"pi-{mode}-{k}", "prefill-interference", args,
+                             "--scenario-streams", str(args.prefill_streams), "--long-prompt-tokens", "4096",
+                             "--baseline-seconds", "2", "--tail-seconds", "1", "--output-tokens", "3000")
+                m = metrics(server)
+                win = r.get("prefill_window") or {}
+                rounds.append({"slowest_tps": win.get("slowest_tokens_per_second"),
+                               "median_tps": win.get("median_tokens_per_second"),
+                               "window_s": win.get("seconds"), "streams_through": win.get("streams"),
+                               "baseline_tps": r.get("baseline_tokens_per_second"),
+                               "long_prompt_tokens": r["long_prompt"]["prompt_tokens"],
+                               "long_prompt_ttft_s": r["long_prompt"]["ttft_s"],
+                               "long_completed": r["long_prompt"]["ttft_s"] is not None,
+                               "prefill_budget_tokens": one(m, "vllm_spark_guard_prefill_budget_tokens")})
+                print(f"prefill {mode} round {k + 1}: {json.dumps(rounds[-1])}", flush=True)
+            out[mode] = {"rounds": rounds, **{key: median(r[key] for r in rounds) for key in
+                                              ("slowest_tps", "median_tps", "window_s", "long_prompt_ttft_s",
+                                               "baseline_tps", "prefill_budget_tokens")},
+                         "long_completed": all(r["long_completed"] for r in rounds)}
         finally:
             server.stop()
     return out
+
+
+def scenario(server: VllmServer, out: Path, name: str, args, *extra: str) -> dict:
+    """One `vllm-spark bench --scenario NAME` run against `server`; its result from summary.json."""
+    cmd = [sys.executable, "-m", "vllm_spark_plugin.cli", "bench", "--quiet", "--endpoint", server.base_url,
+           "--model", SERVED_NAME, "--api", "completions", "--scenario", name, "--out", str(out), *extra]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"bench --scenario {name} failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
+    return json.loads((out / "summary.json").read_text())["scenarios"][name]
+
+
+def last_guard_cap(log_path: Path) -> tuple[float | None, float | None]:
+    """(cap, step-time tail) from the engine core's last 'SLO guard cap' line."""
+    cap = tail = None
+    for line in Path(log_path).read_text(errors="replace").splitlines():
+        m = re.search(r"SLO guard cap \S+ -> (\d+|none) .*step-time tail ([0-9.]+)", line)
+        if m:
+            cap = None if m.group(1) == "none" else float(m.group(1))
+            tail = float(m.group(2))
+    return cap, tail
+
+
+def median(values):
+    vals = sorted(v for v in values if v is not None)
+    return statistics.median(vals) if vals else None
+
+
+def overloads(server: VllmServer, work: Path, name: str, level: int, floor: float, args, guard: bool) -> list[dict]:
+    """--rounds runs of `vllm-spark bench --scenario overload` at `level` streams (the same load for
+    guard off and on), judged at `floor`."""
+    rounds = []
+    for k in range(args.rounds):
+        r = scenario(server, work / f"overload-{name}-{k}", "overload", args, "--slo-floor", f"{floor:g}",
+                     "--overload-streams", str(level), "--overload-requests", str(args.requests),
+                     "--output-tokens", str(args.output_tokens), "--workload", "random", "--random-input-len", "32")
+        if guard:
+            m1 = metrics(server)
+            r["guard_cap_logged"], r["tail"] = last_guard_cap(server.log_path)
+            a, b = one(m1, "vllm_spark_step_alpha_seconds"), one(m1, "vllm_spark_step_beta_seconds")
+            cap = r["guard_limit"]
+            if a and b and cap:
+                r["model_aggregate_at_cap_tps"] = cap / (a + b * cap)
+                r["model_aggregate_at_cap_with_tail_tps"] = cap / ((a + b * cap) * (r["tail"] or 1.0))
+            r["guard_errors"] = one(m1, "vllm_spark_plugin_errors_total", 'where="guard"')
+        rounds.append(r)
+        print(f"{name} round {k + 1}: {json.dumps({x: r[x] for x in SHOWN if x in r})}", flush=True)
+    return rounds
+
+
+SHOWN = ("rate_met_share", "rate_goodput_tokens_per_second", "ttft_p50_s", "ttft_p99_s", "output_tokens_per_second",
+         "per_stream_median_tokens_per_second", "guard_limit", "tail", "model_aggregate_at_cap_tps",
+         "model_aggregate_at_cap_with_tail_tps", "guard_requests_held", "guard_mean_wait_s", "errors")
 
 
 def main(argv=None) -> int:
@@ -119,12 +177,14 @@ def main(argv=None) -> int:
     p.add_argument("--overload", type=float, default=3.0)
     p.add_argument("--ramp", default="1,2,4,8,16,32,64,128")
     p.add_argument("--ramp-requests", type=int, default=48)
-    p.add_argument("--requests", type=int, default=144)
+    p.add_argument("--requests", type=int, default=216)
+    p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--output-tokens", type=int, default=128)
     p.add_argument("--ttft-slo", type=float, default=2.0)
     p.add_argument("--json", default=str(Path(__file__).parent / "results" / "guard_effect.json"))
     p.add_argument("--only", choices=("admission", "prefill"), help="one scenario (the other kept from --json)")
-    p.add_argument("--prefill-floor", type=float, default=150.0)
+    p.add_argument("--prefill-floor", type=float, default=120.0)
+    p.add_argument("--prefill-streams", type=int, default=8)
     args = p.parse_args(argv)
     model = str(ensure_tiny_model())
     work = Path(tempfile.mkdtemp(prefix="guard-"))
@@ -139,12 +199,14 @@ def main(argv=None) -> int:
         out_json.write_text(json.dumps(kept, indent=2) + "\n")
         for mode in ("off", "prefill"):
             r = kept["prefill"][mode]
-            print(f"{mode:>8}: decode per-stream p50 {r['decode']['per_stream_median_tps']} p10 "
-                  f"{r['decode']['per_stream_p10_tps']} tok/s, attainment {r['decode']['slo_attainment']}; long prompts "
-                  f"TTFT p50 {r['long_prompt_ttft_p50_s']} s p99 {r['long_prompt_ttft_p99_s']} s "
-                  f"({r['long_completed']} completed), budget {r['prefill_budget_tokens']}")
+            print(f"{mode:>8} (median of {args.rounds}): slowest stream over the prefill {r['slowest_tps']} tok/s "
+                  f"(median {r['median_tps']}, baseline {r['baseline_tps']}), window {r['window_s']} s, long prompt "
+                  f"TTFT {r['long_prompt_ttft_s']} s, completed {r['long_completed']}, budget {r['prefill_budget_tokens']}")
         return 0
 
+    kept = json.loads(out_json.read_text()) if out_json.exists() else {}
+    if "prefill" in kept:  # the other scenario's last figures stay
+        result["prefill"] = kept["prefill"]
     server = VllmServer(model_path=model, env={"SPARK_PLUGIN_GUARD": "off", **refit}, log_path=work / "off.log")
     try:
         server.start(timeout=900)
@@ -159,12 +221,12 @@ def main(argv=None) -> int:
         want = 1.0 / (alpha + beta * (args.target_capacity + 0.5))
         floor = min(STREAM_RATE_BUCKETS, key=lambda b: abs(b - want))
         level = int(round(args.overload * args.target_capacity))
-        result.update(fit_off={"alpha_s": alpha, "beta_s": beta, "knee": one(m, "vllm_spark_knee_batch_size")},
-                      floor=floor, overload_concurrency=level)
+        result.update(fit_off={"alpha_s": alpha, "beta_s": beta, "knee": one(m, "vllm_spark_knee_batch_size"),
+                               "live_capacity_at_floor": one(m, "vllm_spark_capacity_streams", f'floor="{floor:g}"')},
+                      floor=floor, overload_concurrency=level, rounds={})
         print(f"fit alpha={alpha:.5f} s beta={beta:.6f} s: floor {floor} tok/s gives capacity "
               f"{args.target_capacity}; overload at {level} streams", flush=True)
-        (row,) = bench(server, work / "overload-off", str(level), args.requests, args, floor)
-        result["runs"]["off"] = row_summary(row)
+        result["rounds"]["off"] = overloads(server, work, "off", level, floor, args, guard=False)
         out_json.write_text(json.dumps(result, indent=2) + "\n")
     finally:
         server.stop()
@@ -176,30 +238,25 @@ def main(argv=None) -> int:
         server.prioritize_frontend()
         bench(server, work / "ramp-on", args.ramp, args.ramp_requests, args, None)
         result["guard_cap_before"] = one(metrics(server), "vllm_spark_guard_admission_limit")
-        m0 = metrics(server)
-        (row,) = bench(server, work / "overload-on", str(level), args.requests, args, floor)
+        result["rounds"]["admission"] = overloads(server, work, "admission", level, floor, args, guard=True)
         m1 = metrics(server)
-        on = row_summary(row)
-        on["guard_cap"] = one(m1, "vllm_spark_guard_admission_limit")
-        held0 = one(m0, "vllm_spark_guard_deferred_seconds_count") or 0.0
-        held1 = one(m1, "vllm_spark_guard_deferred_seconds_count") or 0.0
-        on["requests_held"] = held1 - held0
-        s0 = one(m0, "vllm_spark_guard_deferred_seconds_sum") or 0.0
-        s1 = one(m1, "vllm_spark_guard_deferred_seconds_sum") or 0.0
-        on["mean_held_s"] = (s1 - s0) / (held1 - held0) if held1 > held0 else None
-        on["guard_errors"] = one(m1, "vllm_spark_plugin_errors_total", 'where="guard"')
-        result["runs"]["admission"] = on
         result["fit_on"] = {"alpha_s": one(m1, "vllm_spark_step_alpha_seconds"),
                             "beta_s": one(m1, "vllm_spark_step_beta_seconds"),
                             "knee": one(m1, "vllm_spark_knee_batch_size")}
     finally:
         server.stop()
+    result["runs"] = {name: {key: median(r.get(key) for r in rounds) for key in rounds[0]
+                             if all(isinstance(r.get(key), (int, float, type(None))) for r in rounds)}
+                      for name, rounds in result["rounds"].items()}
+    off, on = result["runs"]["off"], result["runs"]["admission"]
+    # guard off at three times the capacity, often no request meets the floor: the ratio is unbounded
+    result["goodput_ratio"] = (on["rate_goodput_tokens_per_second"] / off["rate_goodput_tokens_per_second"]
+                               if off.get("rate_goodput_tokens_per_second") else None)
     out_json.write_text(json.dumps(result, indent=2) + "\n")
     for name, r in result["runs"].items():
-        print(f"{name:>9}: attainment {r['slo_attainment']}, goodput {r['goodput_tps']} tok/s, TTFT p50 "
-              f"{r['ttft_p50_s']} s p99 {r['ttft_p99_s']} s, aggregate {r['output_tps']} tok/s, per-stream p50 "
-              f"{r['per_stream_median_tps']}" + (f", cap {r.get('guard_cap')}, held {r.get('requests_held')}"
-                                                  if name != "off" else ""))
+        print(f"{name:>9} (median of {args.rounds}): " + json.dumps({x: r.get(x) for x in SHOWN if x in r}))
+    print("rate goodput with/without the guard: " + (f"{result['goodput_ratio']:.2f}x" if result["goodput_ratio"]
+          else f"{on['rate_goodput_tokens_per_second']:.0f} tok/s against 0 without it"))
     return 0
 
 

@@ -20,6 +20,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 
+from vllm_spark_plugin.common.link_sources import INTERFACE_NAME, MAX_INTERFACES
 from vllm_spark_plugin.common.memory_sources import KMSG_PATH
 from vllm_spark_plugin.definitions import (
     DEFAULT_FLOOR_TOKENS_PER_SECOND,
@@ -68,6 +69,9 @@ class Settings:
     # the SLO guard in the engine core (docs/guard.md): off, admission (cap running requests at the live
     # capacity), prefill (bound the prefill per step while decode streams run), both
     guard: str = "off"
+    # the network links followed on /metrics (docs/links.md): auto (RDMA ports, NCCL and Gloo
+    # interfaces), off, or interface names, comma-separated
+    links: str = "auto"
     extra: dict = field(default_factory=dict)  # keys of the settings file this release does not know
     problems: tuple[str, ...] = ()  # what was wrong with the given values, one line each
 
@@ -147,6 +151,21 @@ def _guard(raw) -> str:
     return s
 
 
+def _links(raw) -> str:
+    s = str(raw).strip()
+    if s.lower() in ("", "auto"):
+        return "auto"
+    if s.lower() in OFF:
+        return "off"
+    names = list(dict.fromkeys(n.strip() for n in s.split(",") if n.strip()))
+    bad = [n for n in names if not INTERFACE_NAME.fullmatch(n)]
+    if bad or not names or len(names) > MAX_INTERFACES:
+        why = f"not interface names: {', '.join(bad)}; " if bad else ""
+        raise ValueError(f"{why}expected 'auto', 'off' or up to {MAX_INTERFACES} comma-separated interface "
+                         "names (letters, digits and _ . : -, 1-15 characters each)")
+    return ",".join(names)
+
+
 def _lower(raw) -> str:
     return str(raw).strip().lower()
 
@@ -165,7 +184,7 @@ PARSERS = {"disable": _bool, "scheduler_hook": _bool, "floors": _slo(check_floor
            "knee_halflife_seconds": _positive_float, "knee_refit_seconds": _positive_float,
            "profile": str, "hardware_interval_seconds": _positive_float, "otel_endpoint": str,
            "otel_interval_seconds": _positive_float, "moe_backend": _lower, "memory_guard": _bool,
-           "kernel_log": _kernel_log, "delivery_clock": _bool, "guard": _guard}
+           "kernel_log": _kernel_log, "delivery_clock": _bool, "guard": _guard, "links": _links}
 KEYS = {ENV_PREFIX + name.upper(): name for name in PARSERS}
 
 

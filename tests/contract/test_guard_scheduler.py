@@ -73,13 +73,23 @@ class FixedKnee:
     """The estimator's interface with a known fit; counts the steps it is fed."""
 
     def __init__(self, fit) -> None:
-        self.fit, self.observed = fit, 0
+        self.fit, self.observed, self.first_tokens = fit, 0, []
 
     def observe(self, *a) -> None:
         self.observed += 1
 
+    def observe_ttft(self, batch, seconds) -> None:
+        self.first_tokens.append((batch, seconds))
+
     def estimate(self, force=False):
         return self.fit
+
+    def recent_steps(self, n):
+        return (), (), ()
+
+    def ttft_capacity(self):
+        from vllm_spark_plugin.knee.slo_capacity import ttft_capacity
+        return ttft_capacity((), (), None)
 
 
 def with_guard(s, mode, fit, attr="auto", refit=0.0):
@@ -264,3 +274,71 @@ def test_an_unusable_fit_leaves_vllm_alone(vllm_config):
 def test_the_levers_are_probed_on_this_release():
     assert capabilities.guard_admission().ok and capabilities.guard_prefill().ok
     assert capabilities.admission_attribute() in capabilities.ADMISSION_ATTRIBUTES
+
+
+@pytest.fixture(scope="module")
+def priority_config(tiny_model_path):
+    mc = ModelConfig(model=str(tiny_model_path), max_model_len=4096, dtype="float32")
+    sc = SchedulerConfig(max_num_seqs=MAX_SEQS, max_num_batched_tokens=MAX_TOKENS, max_model_len=4096,
+                         enable_chunked_prefill=True, is_encoder_decoder=False, policy="priority")
+    vc = VllmConfig(model_config=mc, scheduler_config=sc,
+                    cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=False))
+    vc.cache_config.num_gpu_blocks = 4000
+    return vc
+
+
+def test_under_the_cap_priority_scheduling_admits_in_vllms_priority_order(priority_config):
+    """vLLM's priority policy keeps working under the cap: every request admitted in a step comes
+    before every request left waiting, by vLLM's own key (priority, arrival)."""
+    cap = 5
+    s = build(hooked("Priority", Settings(guard="admission")), priority_config)
+    with_guard(s, "admission", fixed_fit(cap))
+    rng = random.Random(23)
+    t0, n, held, admitted_all = time.time(), 0, [], []
+    for step in range(400):
+        for _ in range(rng.choice((0, 1, 2))):
+            s.add_request(Request(f"p{n}", [rng.randint(1, 500) for _ in range(rng.randint(8, 64))],
+                                  SamplingParams(max_tokens=rng.randint(10, 30), ignore_eos=True), None,
+                                  arrival_time=t0 + n * 1e-3, priority=rng.choice((0, 1, 2))))
+            n += 1
+        key = {r.request_id: (r.priority, r.arrival_time) for r in s.waiting}
+        out = s.schedule()
+        held.append(s.__dict__[step_hook.GUARD_STATE].guard.last.held)
+        assert len(s.running) <= cap
+        new = {r.req_id for r in out.scheduled_new_reqs if r.req_id in key}
+        left = set(key) - new
+        if new and left:
+            assert max(key[r] for r in new) < min(key[r] for r in left), f"step {step}: admitted out of priority order"
+        admitted_all.extend(new)
+        ids = list(out.num_scheduled_tokens)
+        sampled = [[7] if s.requests[r].num_computed_tokens >= s.requests[r].num_prompt_tokens else [] for r in ids]
+        s.update_from_output(out, ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                                                    sampled_token_ids=sampled, logprobs=None,
+                                                    prompt_logprobs_dict={}, pooler_output=[]))
+    assert max(held) > 0  # the cap bound: priority order was exercised among held requests
+    assert drain(s)
+    assert s.get_num_unfinished_requests() == 0
+
+
+def test_first_tokens_feed_the_ttft_capacity_timed_from_admission(vllm_config):
+    """Each admitted request's first token reaches the estimator once, at a batch >= 1, timed from
+    its admission: the wait the cap imposed before it is not in it (held requests waited longer than
+    any recorded first token took)."""
+    cap = 4
+    s = build(hooked("Ttft", Settings(guard="admission")), vllm_config)
+    eg = with_guard(s, "admission", fixed_fit(cap))
+    waited = {}
+
+    def check(sched, out):
+        now = time.time()
+        for r in out.scheduled_new_reqs:
+            waited[r.req_id] = now - sched.requests[r.req_id].arrival_time
+
+    t0 = time.time()
+    trace, n = drive(s, seed=9, steps=200, rate=(1, 2), prompts=(8, 40), outputs=(10, 20), check=check)
+    assert drain(s, check=check)
+    firsts = eg.guard.knee.first_tokens
+    assert len(firsts) == n == len(waited) and not eg.first  # one first token per request, none pending
+    assert all(b >= 1 and 0 <= t <= time.time() - t0 for b, t in firsts)
+    assert max(b for b, _ in firsts) <= cap
+    assert max(t for _, t in firsts) < max(waited.values())

@@ -40,6 +40,10 @@ EXPECTED_EMPTY: dict[str, str] = {
                          "checks the values they carry",
     "vllm_spark_capacity_ttft_streams": "the TTFT capacity is unknown (absent) while TTFT stays within the SLO at "
                                         "every observed batch, as under this light load (verdict gauge says so)",
+    "vllm_spark_link_": "no interface is selected on a box without RDMA devices or NCCL/Gloo interface variables "
+                        "(SPARK_PLUGIN_LINKS=auto, NCCL_SOCKET_IFNAME / NCCL_IB_HCA / GLOO_SOCKET_IFNAME unset), so the "
+                        "per-interface link series (and the links' recording rules) are absent; "
+                        "tests/unit/test_link_alerts.py evaluates the Links row over link counters with promtool",
 }
 if not Path("/proc/pressure/memory").exists():
     EXPECTED_EMPTY["vllm_spark_memory_pressure_ratio"] = "this kernel exposes no /proc/pressure/memory (PSI)"

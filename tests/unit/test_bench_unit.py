@@ -168,3 +168,15 @@ def test_bad_options_named_in_errors(capsys):
     assert "--model given 3 times for 2 endpoints" in capsys.readouterr().err
     assert bench_cli.run(_args(["--requests", "5"])) == bench_cli.EXIT_USAGE
     assert "closed-loop only" in capsys.readouterr().err
+
+
+def test_window_rates_take_the_streams_that_ran_through_the_prefill():
+    from vllm_spark_plugin.bench.scenarios import window_rates
+    steady = [i * 0.01 for i in range(300)]                   # 100 tok/s from 0 to 3 s
+    held = [i * 0.01 for i in range(100)] + [2.0 + i * 0.01 for i in range(100)]  # nothing from 1 to 2 s
+    late = [1.5 + i * 0.01 for i in range(100)]               # started inside the window
+    rates = window_rates([steady, held, late], 0.95, 2.05)
+    assert len(rates) == 2
+    assert rates[0] == pytest.approx(110 / 1.1, rel=0.02)
+    assert rates[1] == pytest.approx(11 / 1.1, rel=0.1) and min(rates) == rates[1]
+    assert window_rates([steady], 2.0, 2.0) == []

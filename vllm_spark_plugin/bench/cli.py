@@ -19,15 +19,16 @@ from .. import __version__
 from ..definitions import LatencySLO
 from . import scenarios as S
 from .client import OpenAIStreamClient, Timeouts, normalize_endpoint
+from .overload import overload, overload_line
 from .progress import Progress
 from .results import (CSV_COLUMNS, CSV_NAME, META_NAME, STREAM_COLUMNS, STREAMS_NAME, CsvWriter, RunRecord,
                       write_json)
-from .server_info import PreflightError, ServerInfo, collect, preflight, tokenize
+from .server_info import PreflightError, ServerInfo, collect, metrics_text, preflight, tokenize
 from .adaptive import Budget, BudgetError, SearchConfig
 from .sweep import DEFAULT_LEVELS, EndpointTarget, ServerGone, SweepConfig, SweepRunner, now_iso
 from .workloads import WORKLOAD_NAMES, ContextError, PromptFactory, Workload, make_workload
 
-SCENARIOS = ("sweep", "prefill-interference", "prefix-reuse")
+SCENARIOS = ("sweep", "prefill-interference", "prefix-reuse", "overload")
 EXIT_PREFLIGHT, EXIT_USAGE, EXIT_SERVER_FAILED, EXIT_INTERRUPTED = 1, 2, 3, 130
 AUTO = "auto"
 AUTO_DEFAULTS = Budget()  # --budget-points, --budget-seconds, --max-concurrency, --auto-start
@@ -235,6 +236,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(default: %(default)s)")
     s.add_argument("--tail-seconds", type=positive(float), default=3.0,
                    help="prefill-interference: decode seconds kept after the long prompt (default: %(default)s)")
+    s.add_argument("--overload-factor", type=positive(float), default=3.0,
+                   help="overload: closed-loop streams as a multiple of the server's live capacity at "
+                        "--slo-floor (default: %(default)s)")
+    s.add_argument("--overload-streams", type=positive(int), default=None,
+                   help="overload: this many closed-loop streams instead of factor x live capacity")
+    s.add_argument("--overload-requests", type=positive(int), default=None,
+                   help="overload: requests in all (default: three per stream)")
     s.add_argument("--dip-threshold", type=positive(float), default=0.5,
                    help="prefill-interference: the dip is where the rate is below this fraction of the "
                         "baseline (default: %(default)s)")
@@ -353,6 +361,16 @@ async def _run_all(args, targets, workloads, scenarios, record: RunRecord, runne
                 res = await S.prefill_interference(client, target.prompts, wl, cfg, info.max_model_len,
                                                    S.server_token_counter(info, args.api_key))
                 record.scenarios["prefill-interference" + suffix] = res
+            if "overload" in scenarios:
+                runner.progress.note(f"scenario overload{suffix}: " + (
+                    f"{args.overload_streams} streams" if args.overload_streams else
+                    f"{args.overload_factor:g} x the live capacity at {args.slo_floor:g} tok/s"))
+                wl = workloads[0]
+                res = await overload(client, target.prompts, wl, args.slo_floor,
+                                     lambda: metrics_text(info.endpoint, api_key=args.api_key),
+                                     args.overload_factor, args.overload_streams, args.overload_requests)
+                record.scenarios["overload" + suffix] = res
+                runner.progress.note(overload_line(res))
             if "prefix-reuse" in scenarios:
                 runner.progress.note(f"scenario prefix-reuse{suffix}: {args.reuse_repeats} document(s) of "
                                      f"{args.long_prompt_tokens} tokens, each sent twice")
@@ -388,6 +406,9 @@ def run(args, reference: dict | None = None) -> int:
         if args.mode == "waves" and (args.requests or args.duration):
             raise UsageError("--requests / --duration apply to --mode closed-loop only")
         search = search_config(args)
+        if "overload" in scenarios and args.slo_floor is None:
+            raise UsageError("--scenario overload judges requests by the per-stream floor: give --slo-floor F "
+                             "(tok/s; one of the server's SPARK_PLUGIN_FLOORS to load it at its live capacity)")
         if search is not None and "sweep" not in scenarios:
             raise UsageError("--levels auto chooses the sweep's levels: add --scenario sweep or drop --levels auto")
     except UsageError as exc:

@@ -221,10 +221,28 @@ def _interference_html(pi: dict) -> str:
             ["dip depth: lowest rate (tok/s)", _num(dip.get("min_tokens_per_second"))],
             ["dip depth: fraction of baseline", _num(dip.get("depth_ratio"), ".2f")],
             ["mean per-stream rate in the dip (tok/s)", _num(dip.get("mean_tokens_per_second"))],
+            ["slowest stream's rate over the prefill (tok/s)",
+             _num((pi.get("prefill_window") or {}).get("slowest_tokens_per_second"))],
             ["short-request TTFT before (s)", _num(pi.get("baseline_probe_ttft_s"), ".3f")],
             ["short-request TTFT during prefill, median (s)", _num(pr.get("median"), ".3f")],
             ["short-request TTFT during prefill, max (s)", _num(pr.get("max"), ".3f")],
             ["probes during prefill", str(pr.get("count"))]]
+    return table(["quantity", "value"], rows)
+
+
+def _overload_html(res: dict) -> str:
+    share = res.get("rate_met_share")
+    rows = [["floor (tok/s)", _num(res.get("floor_tokens_per_second"))],
+            ["live capacity (streams)", f"{res.get('capacity_streams')} ({res.get('capacity_source')})"],
+            ["closed-loop streams", str(res.get("streams"))],
+            ["requests completed (errors)", f"{res.get('completed')} ({res.get('errors')})"],
+            ["requests at or above the floor (%)", _num(None if share is None else 100 * share)],
+            ["rate goodput (tok/s)", _num(res.get("rate_goodput_tokens_per_second"))],
+            ["aggregate output (tok/s)", _num(res.get("output_tokens_per_second"))],
+            ["per-stream rate, median (tok/s)", _num(res.get("per_stream_median_tokens_per_second"))],
+            ["TTFT p50 / p99 (s)", f"{_num(res.get('ttft_p50_s'), '.3f')} / {_num(res.get('ttft_p99_s'), '.3f')}"],
+            ["guard cap (requests held, mean wait s)",
+             f"{res.get('guard_limit')} ({res.get('guard_requests_held')}, {_num(res.get('guard_mean_wait_s'), '.2f')})"]]
     return table(["quantity", "value"], rows)
 
 
@@ -240,7 +258,9 @@ def _reuse_html(pr: dict) -> str:
 def _scenario_section(record: RunRecord, plots: dict) -> str:
     parts = []
     for key, res in record.scenarios.items():
-        body = _interference_html(res) if res.get("scenario") == "prefill-interference" else _reuse_html(res)
+        kind = res.get("scenario")
+        body = (_interference_html(res) if kind == "prefill-interference" else
+                _overload_html(res) if kind == "overload" else _reuse_html(res))
         parts.append(f"<h3>{html.escape(key)}</h3>" + body
                      + "".join(f"<p class='note'>{html.escape(n)}</p>" for n in res.get("notes") or [])
                      + (img_tag(plots[key], key) if key in plots else ""))

@@ -13,6 +13,8 @@ r(t) before the long prompt is sent; the dip is the stretch after it where r(t) 
 `threshold` x baseline (default 0.5), from the first to the last such instant before the long
 prompt's first token (plus a few decode steps: the held-up streams' next token).  Depth = the
 lowest r(t) in the dip (and as a fraction of the baseline); duration = the length of that stretch.
+Beside it, `prefill_window`: each running stream's rate over the whole prefill (tokens that arrived
+from sending the long prompt to its first token, over that time), the slowest and the median.
 
 Both scenarios fit their long prompt to the server's `max_model_len` the same way (`fit_prompt_len`,
 with the note "long prompt shortened from A to B tokens to fit max_model_len M"); random-word prompts
@@ -129,6 +131,21 @@ def rate_timeline(chunk_lists: list[list[float]], t0: float, start: float, end: 
     return ts, rates
 
 
+def window_rates(chunk_lists: list[list[float]], start: float, end: float) -> list[float]:
+    """Per-stream rate over [start, end] (absolute times) of the streams that ran through all of it
+    (a token before `start` and one after `end`): the tokens that arrived inside / its length.  A
+    stream that started or finished inside the window is left out (its rate there is not comparable)."""
+    if not end > start:
+        return []
+    out = []
+    for chunks in chunk_lists:
+        if len(chunks) < 2 or chunks[0] > start or chunks[-1] < end:
+            continue
+        inside = bisect.bisect_right(chunks, end) - bisect.bisect_left(chunks, start)
+        out.append(inside / (end - start))
+    return out
+
+
 def find_dip(ts: list[float], rates: list[float | None], baseline: float, threshold: float,
              step: float, chunk_lists: list[list[float]], t0: float, until: float | None = None) -> dict:
     """The dip after t=0 (the long prompt sent), searched up to `until` (seconds after t0): later
@@ -227,6 +244,9 @@ async def prefill_interference(client: OpenAIStreamClient, prompts: PromptFactor
     until = ttft + max(0.25, 5 * (median(gaps) or 0.05))
     dip = (find_dip(ts, rates, baseline, cfg.threshold, step, chunk_lists, t0, until) if baseline
            else {"detected": False})
+    # The seed's question: what the slowest running stream got while the long prompt was prefilled
+    # (from sending it to its first token).
+    in_window = window_rates(chunk_lists, t0, t0 + ttft)
     probe_rows = [{"sent_s": sent, "ttft_s": r.timing.ttft, "error": r.timing.error,
                    "during_prefill": long_res.timing.first_token is None
                    or (t0 + sent) < long_res.timing.first_token}
@@ -241,6 +261,9 @@ async def prefill_interference(client: OpenAIStreamClient, prompts: PromptFactor
                         "ttft_s": long_res.timing.ttft, "done_s": t_long_done,
                         "cached_tokens": long_res.cached_tokens},
         "baseline_tokens_per_second": baseline,
+        "prefill_window": {"seconds": ttft, "streams": len(in_window),
+                           "slowest_tokens_per_second": min(in_window) if in_window else None,
+                           "median_tokens_per_second": median(in_window)},
         "threshold": cfg.threshold,
         "dip": dip,
         "baseline_probe_ttft_s": baseline_probe.timing.ttft,

@@ -66,6 +66,17 @@ async def _get(session: aiohttp.ClientSession, url: str, timeout: float) -> tupl
         return resp.status, await resp.text()
 
 
+async def metrics_text(endpoint: str, timeout: float = 10.0, api_key: str | None = None) -> str | None:
+    """The server's /metrics text; None when it cannot be read (best effort)."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        async with aiohttp.ClientSession(headers=headers) as session:
+            status, text = await _get(session, endpoint + "/metrics", timeout)
+            return text if status == 200 else None
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+        return None
+
+
 async def preflight(endpoint: str, model: str | None, timeout: float = 5.0,
                     api_key: str | None = None) -> ServerInfo:
     """Check the endpoint answers `GET /v1/models` and serves `model` (the first served model when

@@ -5,7 +5,8 @@ while the driver fails allocations (vllm #56824, #54200).  Three more sources te
 
 * the kernel log: the NVIDIA driver's `NVRM:` lines, `NV_ERR_NO_MEMORY` and `Xid` events, read from
   `/dev/kmsg` (one record per read: `prio,seq,usec,flags;message`) or from `dmesg` / `journalctl -k`
-  text;
+  text.  The same records carry the NICs' link messages, counted here too (`KernelLog.links`, by
+  `link_sources.parse_link_message`) so that the log is read once;
 * the parts of `/proc/meminfo` that say where memory went: MemFree, Cached, Buffers, SReclaimable,
   Shmem, swap.  `cudaMemGetInfo` on a unified-memory device reports MemFree, so page cache counts as
   used for vLLM's own start-up check (vllm #48140), while MemAvailable counts it as free;
@@ -22,6 +23,8 @@ import re
 import stat
 from collections import Counter
 from dataclasses import dataclass, field
+
+from vllm_spark_plugin.common import link_sources
 
 # /proc/meminfo fields exported beside MemTotal/MemAvailable (kernel names, values in bytes).
 MEMINFO_FIELDS = ("MemTotal", "MemFree", "MemAvailable", "Buffers", "Cached", "SReclaimable", "Shmem",
@@ -140,10 +143,12 @@ def parse_psi(text: str) -> Psi:
 # --- kernel log -------------------------------------------------------------------------------------
 @dataclass
 class KernelLog:
-    """Driver events found in kernel-log input: counts by kind, Xid counts by code, invalid records."""
+    """Driver events found in kernel-log input: counts by kind, Xid counts by code, link messages,
+    invalid records."""
 
     events: Counter = field(default_factory=Counter)     # kind -> count
     xids: Counter = field(default_factory=Counter)       # Xid code -> count
+    links: Counter = field(default_factory=Counter)      # link_sources.LinkEvent -> count
     invalid: int = 0
     records: int = 0
     lost: int = 0        # records the kernel overwrote before they were read (/dev/kmsg EPIPE)
@@ -151,15 +156,19 @@ class KernelLog:
     def add(self, other: "KernelLog") -> None:
         self.events.update(other.events)
         self.xids.update(other.xids)
+        self.links.update(other.links)
         self.invalid += other.invalid
         self.records += other.records
         self.lost += other.lost
 
 
 def classify(message: str, into: KernelLog) -> None:
-    """Count one kernel-log message: NV_ERR_NO_MEMORY, an Xid (by code), or nothing.  An `NVRM: Xid`
-    line without a readable code (cut short) is invalid."""
+    """Count one kernel-log message: NV_ERR_NO_MEMORY, an Xid (by code), a NIC link event, or nothing.
+    An `NVRM: Xid` line without a readable code (cut short) is invalid."""
     if "NVRM:" not in message:
+        link = link_sources.parse_link_message(message)
+        if link is not None:
+            into.links[link] += 1
         return
     if "NV_ERR_NO_MEMORY" in message:
         into.events[NV_ERR_NO_MEMORY] += 1

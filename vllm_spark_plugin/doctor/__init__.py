@@ -1,6 +1,8 @@
 """`vllm-spark doctor`: check the environment for serving on a DGX Spark and print concrete fixes.
 
     vllm-spark doctor [--json] [--model PATH] [--sm X.Y] [-- <the vllm serve arguments you plan to use>]
+    vllm-spark doctor --link-serve [[ADDR:]PORT]      on one host, then on another:
+    vllm-spark doctor --link-probe HOST[:PORT] [--link-seconds S] [--link-bytes SIZE] [--link-streams N]
 
 Checks: vLLM version, plugin entry point, device and compute capability, which FP4 MoE backends
 import, whether the FP4 kernels compiled into vLLM carry code for the device's SM (doctor/kernels.py;
@@ -9,7 +11,12 @@ the SPARK_PLUGIN_* settings as the server reads them (the settings file included
 SPARK_PLUGIN_MOE_BACKEND setting,
 gpu_memory_utilization against MemAvailable (unified memory), eager mode, the tuned-config folder;
 and (doctor/memory.py) vLLM's start-up memory check, reclaimable headroom, NVRM driver events, VLLM_*
-variables the installed vLLM does not know, CUDA-graph capture sizes against --max-num-seqs.
+variables the installed vLLM does not know, CUDA-graph capture sizes against --max-num-seqs; and
+(doctor/links.py) the network links a multi-node deployment runs over: the interfaces the NCCL/Gloo
+variables name, RDMA devices, negotiated against the port's rate, the NIC's PCIe link, flaps since
+boot (one n/a on a single box).  `--link-probe` / `--link-serve` (doctor/link_probe.py) measure the
+TCP throughput between two hosts instead, bounded in time and bytes; exit 1 when the peer cannot be
+measured (unreachable, refused, stalled), 2 on bad arguments.
 Each check is ok, info, warn, fail, or n/a when it does not apply on this machine (its detail says why).
 Exit code 0 when nothing fails (warnings allowed), 1 when a check fails.
 """
@@ -278,6 +285,12 @@ def run_checks(env: Mapping[str, str] | None = None, serve: ServeArgs | None = N
 
     from vllm_spark_plugin.doctor import memory as doctor_memory  # unified memory, driver events, unknown env, capture sizes
     checks.extend(doctor_memory.checks(env, serve, probe, cuda))
+
+    from vllm_spark_plugin.doctor import links as doctor_links  # the network links a multi-node deployment runs over
+    try:
+        checks.extend(doctor_links.checks(env, serve, probe, plugin_settings.links))
+    except Exception as exc:  # a broken check must not hide the others
+        checks.append(Check("links", WARN, f"check could not run: {type(exc).__name__}: {exc}"))
     return checks
 
 
@@ -336,12 +349,17 @@ def add_arguments(parser) -> None:
                              "else vLLM's default 0.9 on CUDA)")
     parser.add_argument("--sm", help="the compute capability to check vLLM's FP4 kernels against instead of this "
                                      "machine's device (e.g. 12.1 for a GB10: check a build before deploying it)")
+    from vllm_spark_plugin.doctor import link_probe
+    link_probe.add_arguments(parser)
     parser.add_argument("serve_args", nargs="*", metavar="-- VLLM_SERVE_ARGS",
                         help="after --: the vllm serve arguments you plan to use (e.g. -- serve MODEL "
                              "--gpu-memory-utilization 0.7 --enforce-eager)")
 
 
 def run(args) -> int:
+    if getattr(args, "link_probe", None) or getattr(args, "link_serve", None):
+        from vllm_spark_plugin.doctor import link_probe
+        return link_probe.run(args)
     try:
         serve = parse_serve_args(list(args.serve_args or []))
     except ValueError as exc:

@@ -36,6 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="share of requests that must meet TTFT SLO and floor together (default: %(default)g)")
     parser.add_argument("--min-requests", type=int, default=d.min_requests, metavar="N",
                         help="burn-rate alerts stay silent below N requests in their long window (default: %(default)d)")
+    parser.add_argument("--link-share", type=float, default=d.link_share, metavar="FRACTION",
+                        help="VllmSparkLinkBelowRate: a link carrying less than this share of its negotiated rate "
+                             "while steps are slower than their baseline (default: %(default)g)")
     parser.add_argument("--job", default=d.job, help="Prometheus job name scraping vLLM (default: %(default)s)")
     parser.add_argument("--runbook-base-url", default=DEFAULT_RUNBOOK_BASE, metavar="URL",
                         help="prefix of each alert's runbook_url; the file name is ALERTNAME.md (default: %(default)s)")
@@ -48,7 +51,7 @@ def slo_from_args(args: argparse.Namespace) -> SLOConfig:
                      knee_warn=args.knee_warn, knee_crit=args.knee_crit,
                      ttft_slo_target=args.ttft_slo_target, rate_slo_target=args.rate_slo_target,
                      attainment_target=args.attainment_target,
-                     min_requests=args.min_requests, job=args.job,
+                     min_requests=args.min_requests, job=args.job, link_share=args.link_share,
                      runbook_base_url=args.runbook_base_url).validate()
 
 

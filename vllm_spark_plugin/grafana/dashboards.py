@@ -6,7 +6,8 @@
               per step);
 * kv-memory - KV blocks, unified memory, memory pressure;
 * power     - GPU power, joules per token, tokens per joule, clocks, temperature, clock-event reasons;
-* fleet     - one row per Spark, summed capacity at the floor, fleet knee ratio.
+* fleet     - one row per Spark, summed capacity at the floor, fleet knee ratio, and the links of tp/pp
+              deployments: throughput against the negotiated rate beside the step time, flaps, PCIe.
 
 Thresholds (TTFT SLO, per-stream floor, knee ratio bands, SLO target) come from `SLOConfig`, so
 `vllm-spark dashboards --ttft-slo 1 --floor 15` redraws every threshold line.
@@ -19,6 +20,7 @@ from typing import Callable
 from vllm_spark_plugin.grafana import panels as P
 from vllm_spark_plugin.grafana import promql as q
 from vllm_spark_plugin.grafana.panels import Q
+from vllm_spark_plugin.grafana.rules import LINK_STEP_MARGIN
 from vllm_spark_plugin.grafana.slo import SLOConfig
 from vllm_spark_plugin.metrics import names as N
 
@@ -516,6 +518,8 @@ def fleet(slo: SLOConfig) -> dict:
                           [Q(f"sum by (instance) ({q.rate(N.SLO_OUTPUT_TOKENS, R, fm, met, base=S)})", "{{instance}}")],
                           TOK_S, stack=True, min_val=0))
 
+    d = _link_panels(d, slo)
+
     row = P.text_row("Instance $instance", collapsed=True, repeat="instance")
     row = row.with_panel(P.ts("Tokens/s and plateau", "Generation tokens/s against the live plateau 1/beta.",
                               [Q(_gen_rate(""), "tokens/s"), Q(f"sum ({q.sel(N.MAX_THROUGHPUT, base=S)})", "plateau")], TOK_S, w=8))
@@ -525,6 +529,69 @@ def fleet(slo: SLOConfig) -> dict:
                               [Q(q.hist_quantile(0.5, N.STREAM_RATE, R, base=S), "p50")], TOK_S, steps=_floor_steps(slo), w=8, min_val=0))
     d = d.with_row(row)
     return _finish(d, slo)
+
+
+def _link_panels(d, slo: SLOConfig):
+    """The interconnect of tp/pp deployments (docs/links.md): each selected interface's traffic against its
+    negotiated rate, beside the engines' step time against its baseline, flaps and NIC events, and the
+    link's state.  Empty on a box where no interface is selected (no RDMA device, no NCCL/Gloo variables)."""
+    lg = "instance, interface"
+    share = slo.link_share
+    traffic = q.link_bytes_rate(R, lg, base=H)
+    rate = f"max by ({lg}) ({q.sel(N.LINK_RATE, base=H)})"
+    d = d.with_row(P.text_row("Links"))
+    d = d.with_panel(P.ts("Link throughput vs negotiated rate",
+                          "Bytes/s each selected interface carried, transmitted plus received (RDMA port counters where "
+                          "present, else the netdev statistics), against its negotiated rate and the best rate its port "
+                          "supports. Full duplex: the sum can reach twice the rate.",
+                          [Q(traffic, "{{instance}} {{interface}} tx+rx"),
+                           Q(rate, "{{instance}} {{interface}} negotiated"),
+                           Q(f"max by ({lg}) ({q.sel(N.LINK_PORT_RATE, base=H)})", "{{instance}} {{interface}} port best")],
+                          "Bps", min_val=0))
+    d = d.with_panel(P.ts("Engine step time vs baseline",
+                          "Mean step time per instance against the live fit alpha + beta * (mean batch) and the offline "
+                          "profile's line at the same batch. VllmSparkLinkBelowRate fires when it stays "
+                          f"more than {LINK_STEP_MARGIN:g}x its baseline (the profile, else the fit an hour ago) while a "
+                          f"link carries under {share:.0%} of its rate.",
+                          [Q(q.hist_mean(N.STEP_DURATION, R, "instance", base=S), "{{instance}} observed"),
+                           Q(f"max by (instance) ({q.sel(N.STEP_ALPHA, base=S)}) + max by (instance) ({q.sel(N.STEP_BETA, base=S)}) * "
+                             f"({q.hist_mean(N.STEP_BATCH_SIZE, R, 'instance', base=S)})", "{{instance}} live fit"),
+                           Q(q.profile_step_seconds(R, "instance", base=S), "{{instance}} profile")], "s", min_val=0))
+    d = d.with_panel(P.ts("Link throughput as a share of its rate",
+                          f"tx+rx over the negotiated rate per interface. Decode alone moves little (kilobyte collectives), so a "
+                          f"low share is normal; under the dashed {share:g} line while steps are slow (prefill above all) is "
+                          "the ring-bottleneck signature: a healthy link under load carries more, a degraded one cannot.",
+                          [Q(f"({traffic}) / {rate}", "{{instance}} {{interface}}")],
+                          "percentunit", steps=((None, "transparent"), (share, "orange")), min_val=0))
+    d = d.with_panel(P.ts("Link flaps and NIC events",
+                          "Carrier changes per interface (vllm_spark_link_carrier_changes_total) and kernel-log link "
+                          "messages by kind (vllm_spark_link_events_total: NIC reinitialisation, link down/up, degraded "
+                          "PCIe link), per interval. Any of these during serving can leave a link at a fraction of its rate.",
+                          [Q(f"sum by ({lg}) (increase({q.sel(N.LINK_CARRIER_CHANGES, base=H)}[{R}]))", "{{instance}} {{interface}} carrier"),
+                           Q(f"sum by (instance, kind) (increase({q.sel(N.LINK_EVENTS, base=H)}[{R}]))", "{{instance}} {{kind}}")],
+                          "short", min_val=0))
+    cur, mx = 'kind="current"', 'kind="max"'
+    table_queries = [
+        Q(traffic, table=True),
+        Q(rate, table=True),
+        Q(f"max by ({lg}) ({q.sel(N.LINK_PORT_RATE, base=H)})", table=True),
+        Q(f"max by ({lg}) ({q.sel(N.LINK_UP, base=H)})", table=True),
+        Q(f"sum by ({lg}) (increase({q.sel(N.LINK_CARRIER_CHANGES, base=H)}[$__range]))", table=True),
+        Q(f"max by ({lg}) ({q.sel(N.LINK_PCIE_SPEED, cur, base=H)})", table=True),
+        Q(f"max by ({lg}) ({q.sel(N.LINK_PCIE_SPEED, mx, base=H)})", table=True),
+        Q(f"max by ({lg}) ({q.sel(N.LINK_PCIE_WIDTH, cur, base=H)})", table=True),
+        Q(f"max by ({lg}) ({q.sel(N.LINK_PCIE_WIDTH, mx, base=H)})", table=True),
+    ]
+    columns = ["tx+rx", "negotiated", "port best", "up", "carrier changes", "PCIe GT/s", "PCIe max GT/s",
+               "PCIe lanes", "PCIe max lanes"]
+    d = d.with_panel(P.table_panel("Per link",
+                                   "One row per selected interface: traffic, negotiated rate against the port's best, "
+                                   "operstate, carrier changes in the time range, and the NIC's PCIe link (current "
+                                   "against maximum speed and width). A rate below the port's best or a PCIe link below "
+                                   "its maximum caps the link; `vllm-spark doctor` names the fix.",
+                                   table_queries, rename={f"Value #{P.REF_IDS[i]}": c for i, c in enumerate(columns)},
+                                   h=8, units={"tx+rx": "Bps", "negotiated": "Bps", "port best": "Bps"}))
+    return d
 
 
 DASHBOARDS: dict[str, Callable[[SLOConfig], dict]] = {

@@ -93,3 +93,20 @@ def fleet_knee_ratio(base: str = "") -> str:
 
 def isclose(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)
+
+
+def link_bytes_rate(window: str, group: str = "instance, interface", *, base: str = "") -> str:
+    """Bytes/s one interface carried, transmitted plus received (so up to twice its rate, full duplex)."""
+    return (f"sum by ({group}) ({rate(N.LINK_TRANSMIT, window, base=base)}) + "
+            f"sum by ({group}) ({rate(N.LINK_RECEIVE, window, base=base)})")
+
+
+def profile_step_seconds(window: str, group: str, *, base: str = "") -> str:
+    """The offline profile's step time at the current mean batch b: its fitted line (K + b) / plateau
+    is the time per generated token of a stream, times the tokens a stream gains per step (1 without
+    speculative decoding) it is the time of a step.  Absent without a profile (SPARK_PLUGIN_PROFILE)."""
+    return (f"(max by ({group}) ({sel(N.PROFILE_KNEE_BATCH, base=base)}) + "
+            f"{hist_mean(N.STEP_BATCH_SIZE, window, group, base=base)}) "
+            f"/ max by ({group}) ({sel(N.PROFILE_MAX_THROUGHPUT, base=base)}) "
+            f"* sum by ({group}) ({rate(N.GENERATION_TOKENS, window, base=base)}) "
+            f"/ sum by ({group}) ({rate(N.STEP_BATCH_SIZE + '_sum', window, base=base)})")

@@ -32,6 +32,7 @@ class SLOConfig:
     attainment_target: float = 0.99        # share of requests meeting both (definitions.slo_outcome)
     min_requests: int = 20                 # burn-rate alerts stay silent below this many requests
     job: str = "vllm"                      # Prometheus job scraping vLLM (for up / absent alerts)
+    link_share: float = 0.25               # a link carrying less than this share of its rate while steps are slow alerts
     runbook_base_url: str = DEFAULT_RUNBOOK_BASE
 
     def validate(self) -> "SLOConfig":
@@ -52,6 +53,8 @@ class SLOConfig:
             if not (0 < v < 1) or 14.4 * (1 - v) >= 1:
                 raise SLOError(f"{name} {v!r}: expected a fraction in ({1 - 1 / 14.4:.4f}, 1), e.g. 0.99 "
                                "(the fast burn-rate page fires at 14.4 x the error budget)")
+        if not (isinstance(self.link_share, (int, float)) and 0 < self.link_share < 1):
+            raise SLOError(f"--link-share {self.link_share!r}: expected a fraction in (0, 1) of the link's negotiated rate")
         if self.min_requests < 0:
             raise SLOError(f"--min-requests {self.min_requests!r}: expected a count >= 0")
         if not self.job or any(c in self.job for c in '"\\\n'):

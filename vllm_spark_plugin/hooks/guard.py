@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 
 from vllm_spark_plugin.hooks import after_import, patching
 from vllm_spark_plugin.hooks.scheduler import GUARD_STATE
@@ -27,20 +28,38 @@ log = logging.getLogger("vllm_spark_plugin")
 PATCH = "guard"
 
 
+MAX_FIRST_PENDING = 4096  # admitted requests awaiting their first token that are followed for TTFT
+
+
 class EngineGuard:
     """One scheduler's guard: the domain `Guard`, the release's admission attribute (None: not
-    guarded) and whether the token budget is guarded."""
+    guarded), whether the token budget is guarded, and the admitted requests whose first token is
+    awaited ({request id: when admitted}, for the TTFT capacity)."""
 
-    __slots__ = ("guard", "admission_attr", "budget")
+    __slots__ = ("guard", "admission_attr", "budget", "first")
 
     def __init__(self, guard, admission_attr: str | None, budget: bool) -> None:
         self.guard = guard
         self.admission_attr = admission_attr
         self.budget = budget
+        self.first: dict = {}
+
+    def first_tokens(self, sched) -> None:
+        """Time to first token from admission of the requests whose first token the last step produced
+        (seen at the top of the next schedule(): the previous step's outputs are in)."""
+        now = time.monotonic()
+        batch = len(sched.running)
+        requests = sched.requests
+        for rid in [r for r in self.first if (requests.get(r) is None or requests[r].num_output_tokens > 0)]:
+            admitted = self.first.pop(rid)
+            if rid in requests and batch:
+                self.guard.observe_ttft(batch, max(0.0, now - admitted))
 
     def decide(self, sched) -> list:
         """Set this step's limits on `sched`; returns [(attribute, vLLM's value)] to restore."""
         g = self.guard
+        if self.first:
+            self.first_tokens(sched)
         running = len(sched.running)
         waiting = len(sched.waiting)
         spec = getattr(sched, "num_spec_tokens", 0) or 0
@@ -56,9 +75,17 @@ class EngineGuard:
             g.deferred.hold(r.request_id for r in itertools.islice(sched.waiting, d.held))
         return saved
 
-    def admitted(self, out) -> None:
+    def admitted(self, sched, out) -> None:
+        new = out.scheduled_new_reqs
+        if not new:
+            return
         if self.guard.deferred.since:
-            self.guard.deferred.admitted(r.req_id for r in out.scheduled_new_reqs)
+            self.guard.deferred.admitted(r.req_id for r in new)
+        if not self.guard.admission or len(self.first) >= MAX_FIRST_PENDING:
+            return
+        now = time.monotonic()
+        for r in new:
+            self.first[r.req_id] = now
 
     def step_fields(self, batch: int, prefill_tokens: int, step_us: int, sampled: int) -> tuple:
         """Feed the fit one step; the guard's fields of the step record (`HookStep`)."""
@@ -150,7 +177,7 @@ def patch_scheduler(Scheduler, settings, on_error) -> None:
                 _restore(self, saved)
         if eg:
             try:
-                eg.admitted(out)
+                eg.admitted(self, out)
             except Exception as exc:
                 on_error("guard", exc)
         return out

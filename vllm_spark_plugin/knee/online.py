@@ -199,6 +199,14 @@ class OnlineKneeEstimator:
             self._cached, self._cached_at, self._cached_count = result, now, count
             return result
 
+    def recent_steps(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The newest `n` samples held, oldest first: (batch, prefill tokens, step seconds)."""
+        snap = self._snapshot()
+        if snap is None:
+            return np.empty(0), np.empty(0), np.empty(0)
+        b, p, t = snap[0], snap[1], snap[2]
+        return b[-n:], p[-n:], t[-n:]
+
     def ttft_capacity(self) -> TtftCapacity:
         """Highest batch whose median TTFT meets the TTFT SLO, from the TTFT ring (with its verdict)."""
         w = self.ttft_window

@@ -28,7 +28,7 @@ class Exporter:
         self._lock = threading.Lock()
         self.total_blocks: int | None = None
         self.leader = telemetry.Leader()
-        self.hardware = telemetry.Hardware(self.ins, settings.kernel_log)
+        self.hardware = telemetry.Hardware(self.ins, settings.kernel_log, settings.links)
         self.profile = telemetry.ProfileWatch(self.ins, model, settings.profile)
         self.read_spilled = None  # fn() -> {pid: {where: total}} of processes without an exporter
         self.loop = telemetry.TelemetryLoop(self)

@@ -114,6 +114,32 @@ class Instruments:
                                  ("gpu", "kind"), registry=r)
         self.source_available = _gauge(n.MEMORY_SOURCE_AVAILABLE, "1 when the memory source could be read at the last sample, 0 when not "
                                        "(source=meminfo|psi|kernel_log|nvml_memory).", ("source",), registry=r)
+        # the links a multi-node deployment runs over (metrics/link_telemetry.py)
+        iface = ("interface",)
+        self.link_rate = _gauge(n.LINK_RATE, "Negotiated rate of the link (netdev speed, else the RDMA port's rate), "
+                                "bytes/s; absent while unknown (link down).", iface, registry=r)
+        self.link_port_rate = _gauge(n.LINK_PORT_RATE, "The fastest link mode the port supports (ethtool's supported "
+                                     "link modes), bytes/s; absent where not known.", iface, registry=r)
+        self.link_transmit = Counter(n.LINK_TRANSMIT, "Bytes the interface sent since the plugin started (RDMA port "
+                                     "counters x 4 where an RDMA port backs it, else the netdev statistics).", iface, registry=r)
+        self.link_receive = Counter(n.LINK_RECEIVE, "Bytes the interface received since the plugin started (RDMA port "
+                                    "counters x 4 where an RDMA port backs it, else the netdev statistics).", iface, registry=r)
+        self.link_up = _gauge(n.LINK_UP, "1 while the interface's operstate is up, 0 otherwise (and for a named interface "
+                              "that does not exist).", iface, registry=r)
+        self.link_carrier_changes = Counter(n.LINK_CARRIER_CHANGES, "Carrier changes (link down and up) of the interface "
+                                            "since the plugin started.", iface, registry=r)
+        self.link_pcie_speed = _gauge(n.LINK_PCIE_SPEED, "PCIe link speed of the interface's NIC, GT/s per lane "
+                                      "(kind=current|max).", iface + ("kind",), registry=r)
+        self.link_pcie_width = _gauge(n.LINK_PCIE_WIDTH, "PCIe link width of the interface's NIC, lanes (kind=current|max).",
+                                      iface + ("kind",), registry=r)
+        self.link_events = Counter(n.LINK_EVENTS, "NIC link messages in the kernel log since the plugin started, for the "
+                                   "followed interfaces' NICs (kind=nic_reinit|link_down|link_up|pcie_degraded).",
+                                   ("kind",), registry=r)
+        self.link_source_available = _gauge(n.LINK_SOURCE_AVAILABLE, "1 when the link source was read at the last sample, "
+                                            "0 when not (source=sysfs|rdma|kernel_log).", ("source",), registry=r)
+        self.link_info = _gauge(n.LINK_INFO, "The followed interface (value 1): where its byte counters come from "
+                                "(counter_source=rdma|netdev), its RDMA device and driver ('none' when absent).",
+                                iface + ("counter_source", "rdma_device", "driver"), registry=r)
         # plugin
         self.errors = Counter(n.PLUGIN_ERRORS, "Exceptions and invalid values the plugin contained instead of letting them reach vLLM.",
                               ("where",), registry=r)

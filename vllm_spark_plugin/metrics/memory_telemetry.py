@@ -8,6 +8,8 @@ gauge at 0, with no error loop.  Malformed input is counted in `vllm_spark_plugi
 
 The kernel log followed is the `kernel_log` setting (SPARK_PLUGIN_KERNEL_LOG, validated by
 `settings`: an absolute /dev/kmsg-format path, default /dev/kmsg, or off), handed in by the exporter.
+It is read once per pass, here; what the pass found (NIC link messages included) is kept in
+`kernel_log_found` for the link telemetry (`metrics.link_telemetry`), None when the log was not read.
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ class MemoryTelemetry:
         self.kernel_log = kernel_log or None
         self._kmsg: ms.KmsgReader | None = None
         self._kmsg_tried = False
+        self.kernel_log_found: ms.KernelLog | None = None  # this pass's records; None: not read
         self._psi_total: dict[str, float] = {}
         self._down: set[str] = set()       # sources whose unavailability was logged
         self._children = {}
@@ -108,6 +111,7 @@ class MemoryTelemetry:
         return psi
 
     def sample_kernel_log(self) -> ms.KernelLog | None:
+        self.kernel_log_found = None
         if self.kernel_log is None:
             self._available(KERNEL_LOG, False, "turned off by SPARK_PLUGIN_KERNEL_LOG")
             return None
@@ -135,6 +139,7 @@ class MemoryTelemetry:
             self._available(KERNEL_LOG, False, f"{self.kernel_log}: read failed: {exc.strerror or exc}")
             return None
         self._available(KERNEL_LOG, True)
+        self.kernel_log_found = found
         for kind, n in found.events.items():
             self.ins.nvrm_events.labels(kind).inc(n)
         for xid, n in found.xids.items():

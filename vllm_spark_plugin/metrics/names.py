@@ -63,6 +63,19 @@ NVRM_EVENTS = PREFIX + "nvrm_events_total"                        # counter, lab
 NVRM_XID_EVENTS = PREFIX + "nvrm_xid_events_total"                # counter, label xid (the Xid code)
 GPU_MEMORY = PREFIX + "gpu_memory_bytes"                          # gauge, labels gpu, kind=total|free|used (NVML, where supported)
 MEMORY_SOURCE_AVAILABLE = PREFIX + "memory_source_available"      # gauge 0/1, label source=meminfo|psi|kernel_log|nvml_memory
+# the links a multi-node deployment runs over (common/link_sources.py, docs/links.md): label interface
+# (at most link_sources.MAX_INTERFACES of them), never peers or flows
+LINK_RATE = PREFIX + "link_rate_bytes_per_second"                 # gauge, negotiated rate (absent when unknown)
+LINK_PORT_RATE = PREFIX + "link_port_rate_bytes_per_second"       # gauge, the port's best supported rate (ethtool)
+LINK_TRANSMIT = PREFIX + "link_transmit_bytes_total"              # counter, deltas since the plugin started
+LINK_RECEIVE = PREFIX + "link_receive_bytes_total"                # counter, deltas since the plugin started
+LINK_UP = PREFIX + "link_up"                                      # gauge 0/1, operstate up
+LINK_CARRIER_CHANGES = PREFIX + "link_carrier_changes_total"      # counter, deltas since the plugin started
+LINK_PCIE_SPEED = PREFIX + "link_pcie_speed_gts"                  # gauge, labels interface, kind=current|max
+LINK_PCIE_WIDTH = PREFIX + "link_pcie_width_lanes"                # gauge, labels interface, kind=current|max
+LINK_EVENTS = PREFIX + "link_events_total"                        # counter, label kind=nic_reinit|link_down|link_up|pcie_degraded
+LINK_SOURCE_AVAILABLE = PREFIX + "link_source_available"          # gauge 0/1, label source=sysfs|rdma|kernel_log
+LINK_INFO = PREFIX + "link_info"                                  # gauge=1, labels interface, counter_source, rdma_device, driver
 # plugin
 PLUGIN_ERRORS = PREFIX + "plugin_errors_total"                    # counter, label where
 INFO = PREFIX + "info"                                            # gauge=1

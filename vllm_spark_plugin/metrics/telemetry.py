@@ -1,5 +1,5 @@
 """The telemetry loop: one daemon thread per API server that does everything the per-step path must
-not (hardware sampling, the unified-memory sources, the offline profile, other processes' contained
+not (hardware sampling, the unified-memory sources, the network links, the offline profile, other processes' contained
 errors, the knee refits), and the leader election that keeps N API servers from counting one
 machine N times.
 
@@ -45,13 +45,16 @@ class Leader:
 
 
 class Hardware:
-    """NVML and the unified-memory sources, written to the process's instruments (leader only)."""
+    """NVML, the unified-memory sources and the network links, written to the process's instruments
+    (leader only).  `kernel_log` and `links` are those settings."""
 
-    def __init__(self, ins, kernel_log: str) -> None:
+    def __init__(self, ins, kernel_log: str, links: str = "auto") -> None:
         self.ins = ins
         self.kernel_log = kernel_log
-        self._nvml = None  # metrics.hardware.NvmlSampler, built on first use
-        self._mem = None   # metrics.memory_telemetry.MemoryTelemetry, built on first use
+        self.links = links
+        self._nvml = None   # metrics.hardware.NvmlSampler, built on first use
+        self._mem = None    # metrics.memory_telemetry.MemoryTelemetry, built on first use
+        self._links = None  # metrics.link_telemetry.LinkTelemetry, built on first use
 
     def sample(self, nvml=None) -> None:
         """`nvml`: an NVML module to read (default pynvml, where it imports)."""
@@ -61,6 +64,10 @@ class Hardware:
             from vllm_spark_plugin.metrics.memory_telemetry import MemoryTelemetry
             self._mem = MemoryTelemetry(ins, kernel_log=self.kernel_log)
         self._mem.sample()  # /proc/meminfo, /proc/pressure/memory, kernel log (NVRM events); never raises
+        if self._links is None:
+            from vllm_spark_plugin.metrics.link_telemetry import LinkTelemetry
+            self._links = LinkTelemetry(ins, self.links)
+        self._links.sample(self._mem.kernel_log_found)  # sysfs, RDMA ports, the log's link messages; never raises
         if self._nvml is None:
             self._nvml = hardware.NvmlSampler(nvml)
             self._nvml.init()

@@ -4,6 +4,7 @@ hardware specs (`vllm-spark plan`).
 Modules: `arch` (config.json -> architecture, parameter counts), `formats` (bits per weight, KV and
 state bytes), `hardware` (profiles; packaged JSON in `profiles/`), `deployment` (per-node sizes under
 tp/pp), `memory` (the memory fit), `stepmodel` (t(b), knee, capacity, TTFT), `calibrate` (fit and
-save the efficiency factors), `planner` (the JSON plan), `report` (table and plot), `published`
-(published Spark figures vs prediction), `cli`.
+save the efficiency factors), `links` (a measured link rate in place of the profile's), `planner`
+(the JSON plan, with what a measured link costs), `report` (table and plot), `published` (published
+Spark figures vs prediction), `cli`.
 """

@@ -12,6 +12,7 @@ from vllm_spark_plugin.plan.engine import ENGINES, LINEAR_BACKENDS, MOE_BACKENDS
 from vllm_spark_plugin.plan.formats import (KV_DTYPE_BYTES, SCOPES, STATE_DTYPE_BYTES, WEIGHT_FORMAT_BITS,
                                             component_formats)
 from vllm_spark_plugin.plan.hardware import HardwareError, builtin_profiles, load_hardware
+from vllm_spark_plugin.plan.links import LinkRateError
 from vllm_spark_plugin.plan.planner import DEFAULT_CONCURRENCY
 
 PROG = "vllm-spark plan"
@@ -71,6 +72,15 @@ def _component_format(text: str) -> tuple[str, str]:
     return comp, fmt
 
 
+def _link_rate(text: str):
+    from vllm_spark_plugin.plan.links import given
+
+    try:
+        return given(text)
+    except LinkRateError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("what to plan")
     g.add_argument("--model", "-m", help="built-in model name or a path to config.json / a checkpoint folder "
@@ -111,6 +121,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--cudagraph-gib", type=_nonneg_float, default=1.0, help="CUDA-graph memory (default 1 GiB)")
     p.add_argument("--max-num-batched-tokens", type=_positive_int, default=8192)
     p.add_argument("--max-num-seqs", type=_positive_int, default=256)
+    p.add_argument("--link-rate", type=_link_rate, default=None, metavar="RATE",
+                   help="measured rate of the slowest link, bytes/s or with a unit (12.5Gbit, 1.5GB/s), instead of "
+                        "the profile's interconnect; the fleet section says what it costs (tp/pp only)")
+    p.add_argument("--link-rate-from", default=None, metavar="URL|FILE",
+                   help="read the link rate from the plugin's /metrics (the slowest negotiated "
+                        "vllm_spark_link_rate_bytes_per_second) or a `vllm-spark doctor --link-probe HOST --json` "
+                        "report (the achieved rate); with --link-rate, the slower of the two")
     s = parser.add_argument_group("serving (sources in docs/plan.md, 'Serving options')")
     s.add_argument("--engine", default="vllm", choices=sorted(ENGINES),
                    help="serving engine: sets the per-step overhead (default vllm)")
@@ -152,11 +169,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def build_deployment(args) -> tuple[Deployment, dict]:
     from vllm_spark_plugin.plan.arch import load_model
+    from vllm_spark_plugin.plan.links import combine
 
     if not args.model:
         raise PlanError("--model is required (a built-in name or a config.json path)")
     arch, doc = load_model(args.model)
     hw = load_hardware(args.hardware)
+    link = combine(args.link_rate, args.link_rate_from)
+    if link is not None:
+        hw = hw.with_link_rate(link.bytes_per_second, link.source)
     ckpt = (doc.get("checkpoints") or {}).get(args.weight_format) or {}
     overrides = dict(ckpt.get("component_formats") or {})
     overrides.update(dict(args.component_format))
@@ -268,7 +289,7 @@ def run(args) -> int:
             if args.plot:
                 print(f"plot written to {args.plot}")
         return 0
-    except (PlanError, ConfigError, HardwareError) as exc:
+    except (PlanError, ConfigError, HardwareError, LinkRateError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
 

@@ -6,13 +6,14 @@ compute_flops_per_second (a mapping dtype -> FLOP/s with at least "bf16").  Opti
 `_DEFAULTS`): bandwidth_measured_bytes_per_second, unified_memory, os_reserve_bytes,
 gpu_memory_utilization, kernel_overhead_seconds, step_overhead_seconds, runtime_base_bytes,
 interconnect {bandwidth_bytes_per_second, latency_seconds, small_message_bandwidth_bytes_per_second,
-small_message_limit_bytes}, description, notes, sources.
+small_message_limit_bytes}, description, notes, sources.  A measured link rate (`vllm-spark plan
+--link-rate`, plan/links.py) is not a profile field: `Hardware.with_link_rate` caps the profile's link with it.
 """
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 
@@ -50,6 +51,8 @@ class Hardware:
     link_name: str = ""
     link_small_bandwidth: float | None = None  # slope of the measured small-message collective time
     link_small_limit: float = float(1 << 20)
+    link_measured: float | None = None     # bytes/s the slowest link carries (plan --link-rate), None: as profiled
+    link_measured_source: str = ""
     description: str = ""
     notes: str = ""
     sources: list = field(default_factory=list)
@@ -67,14 +70,27 @@ class Hardware:
         latency + bytes / small-message bandwidth (NCCL's latency protocols, far below the wire rate);
         above `small_message_limit_bytes` the rest moves at the large-message bus bandwidth (x the
         ring factor 2(n-1)/n of an all-reduce).  Without a small-message slope: latency + ring x bytes / bw.
+
+        A measured link rate caps the byte terms: no collective moves its ring x bytes per rank faster than
+        the slowest link carries them, so the large-message bandwidth becomes min(profile, measured) and the
+        small-message part at least ring x bytes / measured.  The latency stays; where the profile's
+        figures (measured on healthy links) are slower than the measured rate, they stand.
         """
         if nbytes <= 0:
             return 0.0
+        cap = self.link_measured
+        big_bw = self.link_bandwidth if cap is None else min(self.link_bandwidth, cap)
         if self.link_small_bandwidth is None:
-            return self.link_latency + ring * nbytes / self.link_bandwidth
+            return self.link_latency + ring * nbytes / big_bw
         small = min(nbytes, self.link_small_limit)
-        return (self.link_latency + small / self.link_small_bandwidth
-                + ring * max(0.0, nbytes - small) / self.link_bandwidth)
+        small_seconds = small / self.link_small_bandwidth
+        if cap is not None:
+            small_seconds = max(small_seconds, ring * small / cap)
+        return self.link_latency + small_seconds + ring * max(0.0, nbytes - small) / big_bw
+
+    def with_link_rate(self, bytes_per_second: float | None, source: str = "") -> "Hardware":
+        """This profile with its link capped at a measured rate (None: the profile's own link)."""
+        return replace(self, link_measured=bytes_per_second, link_measured_source=source if bytes_per_second else "")
 
     def to_dict(self) -> dict:
         return {
@@ -90,7 +106,9 @@ class Hardware:
             "interconnect": {"name": self.link_name, "bandwidth_bytes_per_second": self.link_bandwidth,
                              "latency_seconds": self.link_latency,
                              "small_message_bandwidth_bytes_per_second": self.link_small_bandwidth,
-                             "small_message_limit_bytes": self.link_small_limit},
+                             "small_message_limit_bytes": self.link_small_limit,
+                             "measured_rate_bytes_per_second": self.link_measured,
+                             "measured_rate_source": self.link_measured_source or None},
         }
 
 

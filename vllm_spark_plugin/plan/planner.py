@@ -2,6 +2,7 @@
 capacity at the per-stream floor, fleet totals and calibration provenance."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Sequence
 
@@ -88,6 +89,7 @@ def make_plan(dep: Deployment, eff: Efficiency | None = None, model_factors: Mod
                                                         else cap["aggregate_tokens_per_second"] * dep.dp),
             "max_concurrent_streams_memory": min(mem.max_streams, dep.max_num_seqs) * dep.dp,
             "plateau_tokens_per_second": None if lin["plateau_tokens_per_second"] is None else lin["plateau_tokens_per_second"] * dep.dp,
+            "link": link_cost(dep, sm, floor, limit, concurrencies),
         },
         "curve": curve,
         "calibration": {
@@ -100,3 +102,48 @@ def make_plan(dep: Deployment, eff: Efficiency | None = None, model_factors: Mod
         },
     }
     return _clean(plan)
+
+
+def _share_lost(nominal: float | None, measured: float | None) -> float | None:
+    return None if not nominal or measured is None else 1.0 - measured / nominal
+
+
+def link_cost(dep: Deployment, sm: StepModel, floor: float, limit: int, concurrencies: Sequence[int]) -> dict | None:
+    """What the measured link rate (`Hardware.link_measured`) costs against the profile's link: the same
+    plan at both, fleet-wide (dp replicas multiply both sides alike).  None without a measured rate.
+
+    The headline is at the capacity the profile's link gives at the floor (the fleet's sizing), else at
+    one stream; prefill is one --prompt-tokens prompt, where collectives are megabytes and the link's
+    bandwidth, not its latency, sets the time."""
+    hw = dep.hw
+    if hw.link_measured is None:
+        return None
+    out = {"rate_bytes_per_second": hw.link_measured, "source": hw.link_measured_source,
+           "profile_bandwidth_bytes_per_second": hw.link_bandwidth,
+           "profile_small_message_bandwidth_bytes_per_second": hw.link_small_bandwidth,
+           "enters": dep.tp * dep.pp > 1}
+    if not out["enters"]:
+        return {**out, "note": "the link does not enter the prediction: one Spark per replica (tp 1, pp 1), "
+                               "no collective crosses a link and data-parallel replicas share none"}
+    nominal = StepModel(dataclasses.replace(dep, hw=hw.with_link_rate(None)), sm.eff, sm.model)
+    ref = nominal.capacity(floor, limit=limit)["streams"] or 1
+    at = {"nominal": nominal, "measured": sm}
+    agg = {k: m.aggregate_rate(ref) * dep.dp for k, m in at.items()}
+    cap = {k: m.capacity(floor, limit=limit)["streams"] for k, m in at.items()}
+    prefill = {k: dep.prompt_tokens / m.prefill_seconds(1, dep.prompt_tokens) for k, m in at.items()}
+    return {
+        **out,
+        "reference_concurrency": ref,
+        "aggregate_tokens_per_second_at_nominal": agg["nominal"],
+        "aggregate_tokens_per_second_at_measured": agg["measured"],
+        "throughput_cost_share": _share_lost(agg["nominal"], agg["measured"]),
+        "capacity_streams_at_nominal": None if cap["nominal"] is None else cap["nominal"] * dep.dp,
+        "capacity_streams_at_measured": None if cap["measured"] is None else cap["measured"] * dep.dp,
+        "prefill_tokens_per_second_at_nominal": prefill["nominal"],
+        "prefill_tokens_per_second_at_measured": prefill["measured"],
+        "prefill_cost_share": _share_lost(prefill["nominal"], prefill["measured"]),
+        "curve": [{"concurrency": int(b), "aggregate_tokens_per_second_at_nominal": nominal.aggregate_rate(b) * dep.dp,
+                   "aggregate_tokens_per_second_at_measured": sm.aggregate_rate(b) * dep.dp,
+                   "cost_share": _share_lost(nominal.aggregate_rate(b), sm.aggregate_rate(b))}
+                  for b in concurrencies],
+    }

@@ -72,6 +72,8 @@ def render_table(plan: dict) -> str:
     w(f"Fleet: {fl['sparks']} Spark(s) = {fl['replicas']} replica(s) x tp {fl['tp']} x pp {fl['pp']}: "
       f"{_f(fl['capacity_streams'], '{}')} streams at the floor, {_f(fl['aggregate_tokens_per_second_at_capacity'])} tok/s there, "
       f"plateau {_f(fl['plateau_tokens_per_second'])} tok/s")
+    if fl.get("link"):
+        w(_link_line(fl["link"]))
     src = cal["source"] + (f" ({cal['file']})" if cal.get("file") else "")
     w(f"Efficiency: bandwidth {cal['bandwidth_efficiency']:.3f}, compute {cal['compute_efficiency']:.3f}, "
       f"overhead scale {cal['overhead_scale']:.3f}, link scale {cal.get('link_scale', 1.0):.3f} [{src}]")
@@ -90,6 +92,27 @@ def render_table(plan: dict) -> str:
     if not mem["fits"]:
         w("WARNING: the model does not fit at this context; see the memory steps above.")
     return "\n".join(out) + "\n"
+
+
+def _pct(share):
+    return "-" if share is None else f"{-share * 100:+.1f}%"
+
+
+def _link_line(link: dict) -> str:
+    """What the measured link costs the fleet, predicted at the profile's link and at the measured rate."""
+    from vllm_spark_plugin.plan.links import format_rate
+
+    head = f"Link: {format_rate(link['rate_bytes_per_second'])} from {link['source']}"
+    if not link["enters"]:
+        return f"{head}: {link['note']}"
+    head += f", against the profile's {link['profile_bandwidth_bytes_per_second'] / 1e9:.3g} GB/s"
+    return (f"{head}: at {link['reference_concurrency']} streams per replica the fleet's "
+            f"{_f(link['aggregate_tokens_per_second_at_nominal'])} -> "
+            f"{_f(link['aggregate_tokens_per_second_at_measured'])} tok/s ({_pct(link['throughput_cost_share'])} of the "
+            f"predicted throughput), capacity at the floor {_f(link['capacity_streams_at_nominal'], '{}')} -> "
+            f"{_f(link['capacity_streams_at_measured'], '{}')} streams, prefill "
+            f"{_f(link['prefill_tokens_per_second_at_nominal'], '{:.0f}')} -> {_f(link['prefill_tokens_per_second_at_measured'], '{:.0f}')} "
+            f"tok/s ({_pct(link['prefill_cost_share'])})")
 
 
 def write_plot(plan: dict, path: str | Path) -> None:

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from vllm_spark_plugin.common import units
 from vllm_spark_plugin.quant import nvfp4
 from vllm_spark_plugin.quant.st_io import (
     INDEX_NAME,
@@ -61,17 +62,6 @@ _FLOAT_DTYPES = {"BF16", "F16", "F32", "F64"}
 
 class ConvertError(RuntimeError):
     """A problem with the source checkpoint or the destination (message names the file/tensor)."""
-
-
-def parse_size(text: str) -> int:
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B)?\s*", str(text), re.IGNORECASE)
-    if not m:
-        raise ValueError(f"not a size: {text!r} (use e.g. 2GB, 500MB)")
-    mult = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[m.group(2).upper()]
-    value = int(float(m.group(1)) * mult)
-    if value <= 0:
-        raise ValueError(f"size must be positive: {text!r}")
-    return value
 
 
 def peak_rss_bytes() -> int:
@@ -397,7 +387,9 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        shard = parse_size(args.shard_size)
+        shard = units.parse_size(args.shard_size, examples="2GB, 500MB")
+        if shard <= 0:
+            raise ValueError(f"size must be positive: {args.shard_size!r}")
         if args.dequantize:
             report = dequantize_checkpoint(args.src, args.dst, shard_bytes=shard, force=args.force)
         else:

@@ -55,6 +55,7 @@ class FakeConfig:
     die_after_requests: int | None = None  # the server dies when request number N+1 arrives
     stall_after_tokens: int | None = None  # streams go silent (a hung server) after this many tokens
     max_batch: int = 4096             # requests beyond this wait (queueing shows in TTFT)
+    extra_metrics: str = ""           # Prometheus text appended to /metrics (e.g. a live capacity)
     vocab: int = 512
     host: str = "127.0.0.1"
     port: int = 0
@@ -400,7 +401,8 @@ class FakeServer:
                 "# TYPE vllm_spark_info gauge\n"
                 f'vllm_spark_info{{device="fake",model_name="{self.cfg.model}",moe_backend="none",'
                 f'plugin_version="0.0",vllm_version="{self.cfg.version}"}} 1.0\n'
-                f"vllm:num_requests_running{{model_name=\"{self.cfg.model}\"}} {len(self._running)}.0\n")
+                f"vllm:num_requests_running{{model_name=\"{self.cfg.model}\"}} {len(self._running)}.0\n"
+                + self.cfg.extra_metrics)
         return web.Response(text=text, content_type="text/plain")
 
     async def _tokenize(self, request: web.Request) -> web.Response:
