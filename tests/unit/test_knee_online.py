@@ -222,10 +222,12 @@ def test_snapshot_is_consistent_while_a_writer_thread_observes():
             assert np.all(np.diff(ts) >= 0)          # samples in order, none from a lapped slot
             assert np.all(k == 1.0) and np.all(p == 0.0)
             snaps += 1
-        res = est.estimate(force=True)
     finally:
         stop.set()
         th.join()
+    # fitted once the writer stopped: a writer lapping the ring 8 copies in a row (a loaded box)
+    # makes a snapshot give up, which is not what this test is about
+    res = est.estimate(force=True)
     assert snaps > 5
     assert res.knee == pytest.approx(10.0, rel=1e-6)
 

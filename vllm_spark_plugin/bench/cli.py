@@ -357,7 +357,7 @@ async def _run_all(args, targets, workloads, scenarios, record: RunRecord, runne
                                            baseline_seconds=args.baseline_seconds, tail_seconds=args.tail_seconds,
                                            probe_interval=args.probe_interval, threshold=args.dip_threshold,
                                            timeout=args.request_timeout)
-                wl = make_workload(args.scenario_workload, temperature=args.temperature)
+                wl = make_workload(args.scenario_workload, output_tokens=args.output_tokens, temperature=args.temperature)
                 res = await S.prefill_interference(client, target.prompts, wl, cfg, info.max_model_len,
                                                    S.server_token_counter(info, args.api_key))
                 record.scenarios["prefill-interference" + suffix] = res
