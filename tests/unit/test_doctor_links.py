@@ -27,6 +27,7 @@ from vllm_spark_plugin.doctor import link_probe as lp
 from vllm_spark_plugin.doctor import link_wire as wire
 from vllm_spark_plugin.doctor import links
 from vllm_spark_plugin.doctor.link_server import LinkServer
+from support.link_tree import SPARK_SYS
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "links"
 CASES = json.loads((FIXTURES / "doctor" / "cases.json").read_text())
@@ -38,7 +39,7 @@ SEED_DIAGNOSIS = ("ib_write_bw", "firmware version", "reboot with the cables con
 def tree(tmp_path: Path, case: str | None) -> Path:
     """A copy of the recorded Spark tree with `case` applied (None: the tree as recorded)."""
     root = tmp_path / "sys"
-    shutil.copytree(FIXTURES / "spark" / "sys", root, symlinks=True)
+    shutil.copytree(SPARK_SYS, root, symlinks=True)
     spec = CASES[case] if case else {}
     for rel, value in spec.get("write", {}).items():
         target = root / rel
@@ -293,7 +294,7 @@ def test_the_route_is_the_longest_matching_prefix(tmp_path):
 
 
 def test_the_negotiated_rate_comes_from_the_link_sources():
-    sysfs = str(FIXTURES / "spark" / "sys")
+    sysfs = str(SPARK_SYS)
     assert lp.negotiated_rate("enp1s0f0np0", sysfs) == (200e9 / 8, "")
     rate, why = lp.negotiated_rate("enp1s0f1np1", sysfs)
     assert rate is None and "no link speed" in why

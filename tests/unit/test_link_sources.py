@@ -13,10 +13,11 @@ import pytest
 
 from vllm_spark_plugin.common import link_sources as ls
 from vllm_spark_plugin.common import memory_sources as ms
+from support.link_tree import SPARK_SYS
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "links"
-SPARK = str(FIXTURES / "spark" / "sys")
-PORT1 = FIXTURES / "spark/sys/devices/pci0000:00/0000:00:00.0/0000:01:00.0"
+SPARK = str(SPARK_SYS)
+PORT1 = SPARK_SYS / "devices/pci0000:00/0000:00:00.0/0000:01:00.0"
 
 
 def words(name: str) -> int:

@@ -17,6 +17,7 @@ from vllm_spark_plugin.common import link_sources as ls
 from vllm_spark_plugin.common import memory_sources as ms
 from vllm_spark_plugin.metrics import telemetry
 from vllm_spark_plugin.metrics.link_telemetry import LinkTelemetry
+from support.link_tree import SPARK_SYS
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "links"
 F0 = "devices/pci0000:00/0000:00:00.0/0000:01:00.0"
@@ -41,7 +42,7 @@ def series(s: dict, prefix: str) -> list:
 @pytest.fixture
 def tree(tmp_path) -> Path:
     root = tmp_path / "sys"
-    shutil.copytree(FIXTURES / "spark" / "sys", root, symlinks=True)
+    shutil.copytree(SPARK_SYS, root, symlinks=True)
     return root
 
 
