@@ -5,7 +5,7 @@ server, engine core, workers).  It must be cheap, idempotent, and never raise in
 """
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from vllm_spark_plugin._version import __version__  # noqa: F401  (re-exported)
 
 _registered = False
 

@@ -84,13 +84,39 @@ def test_domain_code_never_imports_the_inbound_side():
             assert inbound == set(), f"{m} imports {sorted(inbound)}"
 
 
+def names_from_the_root(path: Path) -> list[str]:
+    """What a module takes from the package root itself (`import vllm_spark_plugin`, or a name the root
+    defines); `from vllm_spark_plugin import settings` names a submodule and does not count."""
+    mod = module_name(path)
+    package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out += [a.name for a in node.names if a.name == PKG]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parent + ([base] if base else []))
+            if base == PKG:
+                out += [f"{PKG}.{a.name}" for a in node.names if f"{PKG}.{a.name}" not in MODULES]
+    return out
+
+
+def test_nothing_inside_the_package_imports_its_root():
+    """The root is `register()` (it reaches the inbound side): shared names live in leaves
+    (`_version`, `definitions`), so importing one never climbs back to the root."""
+    climbers = {m: names_from_the_root(p) for m, p in MODULES.items() if m != PKG}
+    assert {m: v for m, v in climbers.items() if v} == {}
+
+
 def test_the_graph_was_read():
     assert f"{PKG}.hooks.stat_logger" in MODULES and f"{PKG}.metrics.exporter" in GRAPH[f"{PKG}.hooks.stat_logger"]
 
 
 # --- the map (docs/architecture.md) ----------------------------------------------------------------
-TOP_LEVEL = {PKG, f"{PKG}.cli", f"{PKG}.settings", f"{PKG}.definitions"}  # entry points and the shared owners
-GROUND = {"definitions", "settings", "common", "vllm", "__init__"}  # every package may import these
+TOP_LEVEL = {PKG, f"{PKG}.cli", f"{PKG}.settings", f"{PKG}.definitions", f"{PKG}._version"}  # entry points and the shared owners
+GROUND = {"definitions", "settings", "common", "vllm", "_version", "__init__"}  # every package may import these
 # domain package -> the other domain packages it may import (the inbound side `hooks` and the command
 # table `cli` may import any of them)
 ALLOWED = {
@@ -133,7 +159,7 @@ def test_every_package_is_on_the_map_and_imports_only_what_it_may():
             b = package_of(d)
             if b == a or b in GROUND - {a}:
                 continue
-            if a in ("definitions", "settings", "common") or b not in ALLOWED.get(a, set()):
+            if a in ("definitions", "settings", "common", "_version") or b not in ALLOWED.get(a, set()):
                 bad.append(f"{m} -> {d}")
     assert bad == []
 
@@ -141,7 +167,8 @@ def test_every_package_is_on_the_map_and_imports_only_what_it_may():
 def test_the_ground_floor_imports_nothing_above_it():
     for m in MODULES:
         a = package_of(m)
-        allowed = {"definitions": set(), "common": {"definitions"}, "settings": {"definitions", "common"}}.get(a)
+        allowed = {"definitions": set(), "_version": set(), "common": {"definitions"},
+                   "settings": {"definitions", "common"}}.get(a)
         if allowed is not None:
             assert {package_of(d) for d in GRAPH[m]} - {a} <= allowed, m
 

@@ -15,7 +15,7 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-from .. import __version__
+from .._version import __version__
 from ..definitions import LatencySLO
 from . import scenarios as S
 from .client import OpenAIStreamClient, Timeouts, normalize_endpoint

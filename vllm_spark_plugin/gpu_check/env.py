@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vllm_spark_plugin import __version__
+from vllm_spark_plugin._version import __version__
 from vllm_spark_plugin.gpu_check.fake_nvml import FakeNvml
 from vllm_spark_plugin.gpu_check.report import NotApplicable, iso_utc
 

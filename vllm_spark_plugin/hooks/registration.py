@@ -11,7 +11,8 @@ import logging
 import os
 import threading
 
-from vllm_spark_plugin import __version__, settings as settings_mod
+from vllm_spark_plugin import settings as settings_mod
+from vllm_spark_plugin._version import __version__
 from vllm_spark_plugin.common import errors
 from vllm_spark_plugin.hooks import EVERY, PATCHES, PLUGIN_LOAD, Patch, channel, roles
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import threading
 
-from vllm_spark_plugin import __version__
+from vllm_spark_plugin._version import __version__
 from vllm_spark_plugin.common import errors
 from vllm_spark_plugin.metrics import instruments, knee_gauges, telemetry
 from vllm_spark_plugin.metrics.engine import EngineState

@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 
-from vllm_spark_plugin import __version__
+from vllm_spark_plugin._version import __version__
 from vllm_spark_plugin.common import errors
 from vllm_spark_plugin.metrics.names import PREFIX
 

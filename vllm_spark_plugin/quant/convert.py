@@ -137,7 +137,7 @@ def plan_conversion(infos: dict[str, TensorInfo], excludes) -> Plan:
 
 def quant_config_entries(exclude_modules: list[str], group_size: int = nvfp4.GROUP_SIZE) -> tuple[dict, dict]:
     """(hf_quant_config.json, config.json quantization_config) in ModelOpt's two layouts."""
-    from vllm_spark_plugin import __version__
+    from vllm_spark_plugin._version import __version__
 
     producer = {"name": "vllm-spark-plugin", "version": __version__}
     legacy = {"producer": producer,
