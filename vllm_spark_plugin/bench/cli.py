@@ -19,7 +19,7 @@ from .._version import __version__
 from ..definitions import LatencySLO
 from . import scenarios as S
 from .client import OpenAIStreamClient, Timeouts, normalize_endpoint
-from .overload import overload, overload_line
+from .overload import LOAD_SCENARIOS, LoadConfig, overload_line, run_load, shifted_workload
 from .progress import Progress
 from .results import (CSV_COLUMNS, CSV_NAME, META_NAME, STREAM_COLUMNS, STREAMS_NAME, CsvWriter, RunRecord,
                       write_json)
@@ -28,8 +28,9 @@ from .adaptive import Budget, BudgetError, SearchConfig
 from .sweep import DEFAULT_LEVELS, EndpointTarget, ServerGone, SweepConfig, SweepRunner, now_iso
 from .workloads import WORKLOAD_NAMES, ContextError, PromptFactory, Workload, make_workload
 
-SCENARIOS = ("sweep", "prefill-interference", "prefix-reuse", "overload")
+SCENARIOS = ("sweep", "prefill-interference", "prefix-reuse", *LOAD_SCENARIOS)
 EXIT_PREFLIGHT, EXIT_USAGE, EXIT_SERVER_FAILED, EXIT_INTERRUPTED = 1, 2, 3, 130
+LONG_PROMPT_SCENARIOS = ("prefill-interference", "prefix-reuse")
 AUTO = "auto"
 AUTO_DEFAULTS = Budget()  # --budget-points, --budget-seconds, --max-concurrency, --auto-start
 
@@ -237,12 +238,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--tail-seconds", type=positive(float), default=3.0,
                    help="prefill-interference: decode seconds kept after the long prompt (default: %(default)s)")
     s.add_argument("--overload-factor", type=positive(float), default=3.0,
-                   help="overload: closed-loop streams as a multiple of the server's live capacity at "
+                   help="overload, shift: closed-loop streams as a multiple of the server's live capacity at "
                         "--slo-floor (default: %(default)s)")
     s.add_argument("--overload-streams", type=positive(int), default=None,
-                   help="overload: this many closed-loop streams instead of factor x live capacity")
+                   help="overload, shift: this many closed-loop streams instead of factor x live capacity")
     s.add_argument("--overload-requests", type=positive(int), default=None,
-                   help="overload: requests in all (default: three per stream)")
+                   help="overload, shift, poisson: requests in all (default: three per closed-loop stream; "
+                        "poisson: three per stream of factor x capacity, or 60 with --poisson-rate)")
+    s.add_argument("--poisson-factor", type=positive(float), default=1.5,
+                   help="poisson: arrival rate as a multiple of the capacity's request rate, capacity x "
+                        "--slo-floor / output tokens (default: %(default)s)")
+    s.add_argument("--poisson-rate", type=positive(float), default=None, metavar="REQ_PER_S",
+                   help="poisson: this arrival rate (requests/s) instead of factor x the capacity's")
+    s.add_argument("--shift-after-requests", type=positive(int), default=None, metavar="N",
+                   help="shift: requests issued after the first N change shape (default: half of them)")
+    s.add_argument("--shift-after-seconds", type=positive(float), default=None, metavar="S",
+                   help="shift: requests issued S seconds or more into the run change shape")
+    s.add_argument("--shift-output-factor", type=positive(int), default=4,
+                   help="shift: output tokens multiply by this (default: %(default)s)")
+    s.add_argument("--shift-prompt-factor", type=positive(int), default=8,
+                   help="shift: prompt tokens (--random-input-len) multiply by this (default: %(default)s)")
     s.add_argument("--dip-threshold", type=positive(float), default=0.5,
                    help="prefill-interference: the dip is where the rate is below this fraction of the "
                         "baseline (default: %(default)s)")
@@ -349,7 +364,9 @@ async def _run_all(args, targets, workloads, scenarios, record: RunRecord, runne
         info = target.info
         suffix = f" ({target.label})" if len(targets) > 1 else ""
         async with OpenAIStreamClient(info.endpoint, info.model, api_key=args.api_key,
-                                      max_connections=args.scenario_streams + 64, **target.client_kwargs) as client:
+                                      # load scenarios: no client-side queue (open loop may hold many)
+                                      max_connections=0 if any(s in LOAD_SCENARIOS for s in scenarios)
+                                      else args.scenario_streams + 64, **target.client_kwargs) as client:
             if "prefill-interference" in scenarios:
                 runner.progress.note(f"scenario prefill-interference{suffix}: {args.scenario_streams} decode streams, "
                                      f"one {args.long_prompt_tokens}-token prompt")
@@ -361,15 +378,12 @@ async def _run_all(args, targets, workloads, scenarios, record: RunRecord, runne
                 res = await S.prefill_interference(client, target.prompts, wl, cfg, info.max_model_len,
                                                    S.server_token_counter(info, args.api_key))
                 record.scenarios["prefill-interference" + suffix] = res
-            if "overload" in scenarios:
-                runner.progress.note(f"scenario overload{suffix}: " + (
-                    f"{args.overload_streams} streams" if args.overload_streams else
-                    f"{args.overload_factor:g} x the live capacity at {args.slo_floor:g} tok/s"))
-                wl = workloads[0]
-                res = await overload(client, target.prompts, wl, args.slo_floor,
-                                     lambda: metrics_text(info.endpoint, api_key=args.api_key),
-                                     args.overload_factor, args.overload_streams, args.overload_requests)
-                record.scenarios["overload" + suffix] = res
+            for name in (s for s in LOAD_SCENARIOS if s in scenarios):
+                cfg = load_config(args, name)
+                runner.progress.note(f"scenario {name}{suffix}: " + _load_words(cfg))
+                res = await run_load(client, target.prompts, workloads[0], cfg,
+                                     lambda: metrics_text(info.endpoint, api_key=args.api_key))
+                record.scenarios[name + suffix] = res
                 runner.progress.note(overload_line(res))
             if "prefix-reuse" in scenarios:
                 runner.progress.note(f"scenario prefix-reuse{suffix}: {args.reuse_repeats} document(s) of "
@@ -377,6 +391,30 @@ async def _run_all(args, targets, workloads, scenarios, record: RunRecord, runne
                 res = await S.prefix_reuse(client, target.prompts, args.long_prompt_tokens, args.reuse_repeats,
                                            info.max_model_len, S.server_token_counter(info, args.api_key))
                 record.scenarios["prefix-reuse" + suffix] = res
+
+
+def load_config(args, name: str) -> LoadConfig:
+    """The load scenario `name` as the command line gives it."""
+    poisson = name == "poisson"
+    return LoadConfig(scenario=name, floor=args.slo_floor, ttft_slo=args.slo_ttft,
+                      factor=args.poisson_factor if poisson else args.overload_factor,
+                      streams=None if poisson else args.overload_streams,
+                      arrival_rate=args.poisson_rate if poisson else None, requests=args.overload_requests,
+                      shift_after_requests=args.shift_after_requests, shift_after_seconds=args.shift_after_seconds,
+                      output_factor=args.shift_output_factor, prompt_factor=args.shift_prompt_factor, seed=args.seed)
+
+
+def _load_words(cfg: LoadConfig) -> str:
+    if cfg.scenario == "poisson":
+        return (f"Poisson arrivals at {cfg.arrival_rate:g} req/s" if cfg.arrival_rate else
+                f"Poisson arrivals at {cfg.factor:g} x the capacity's request rate at {cfg.floor:g} tok/s")
+    load = (f"{cfg.streams} streams" if cfg.streams else
+            f"{cfg.factor:g} x the live capacity at {cfg.floor:g} tok/s")
+    if cfg.scenario == "shift":
+        when = (f"after {cfg.shift_after_seconds:g} s" if cfg.shift_after_seconds else
+                f"after {cfg.shift_after_requests} requests" if cfg.shift_after_requests else "half way")
+        load += f", output x{cfg.output_factor} and prompt x{cfg.prompt_factor} {when}"
+    return load
 
 
 def _check_context(args, targets: list[EndpointTarget], workloads: list[Workload], scenarios: list[str]) -> None:
@@ -387,10 +425,29 @@ def _check_context(args, targets: list[EndpointTarget], workloads: list[Workload
         try:
             for w in (workloads if "sweep" in scenarios else []):
                 t.prompts.check_fits(w, token_ids, t.info.max_model_len)
-            if any(s != "sweep" for s in scenarios):
+            if "shift" in scenarios:  # the longer requests after the shift must fit too
+                t.prompts.check_fits(shifted_workload(workloads[0], args.shift_output_factor,
+                                                      args.shift_prompt_factor), token_ids, t.info.max_model_len)
+            if any(s in LONG_PROMPT_SCENARIOS for s in scenarios):
                 S.fit_prompt_len(args.long_prompt_tokens, t.info.max_model_len, exact=False)  # the stricter fit
         except ContextError as exc:
             raise UsageError(f"{t.info.endpoint} (model {t.info.model}): {exc}") from None
+
+
+def _check_load_options(args, scenarios: list[str], workloads: list[Workload]) -> None:
+    load = [s for s in LOAD_SCENARIOS if s in scenarios]
+    if load and args.slo_floor is None:
+        raise UsageError(f"--scenario {load[0]} judges requests by the per-stream floor: give --slo-floor F "
+                         "(tok/s; one of the server's SPARK_PLUGIN_FLOORS to load it at its live capacity)")
+    if "poisson" in scenarios and args.slo_ttft is None:
+        raise UsageError("--scenario poisson queues requests as they arrive: judge their wait with --slo-ttft S "
+                         "(seconds; the server's SPARK_PLUGIN_TTFT_SLO_SECONDS to compare with its counters)")
+    if "shift" in scenarios:
+        if workloads[0].name != "random":
+            raise UsageError("--scenario shift multiplies the prompt length: use --workload random "
+                             "(--random-input-len sets the length before the shift)")
+        if args.shift_after_requests and args.shift_after_seconds:
+            raise UsageError("shift: give --shift-after-requests or --shift-after-seconds, not both")
 
 
 def run(args, reference: dict | None = None) -> int:
@@ -406,9 +463,7 @@ def run(args, reference: dict | None = None) -> int:
         if args.mode == "waves" and (args.requests or args.duration):
             raise UsageError("--requests / --duration apply to --mode closed-loop only")
         search = search_config(args)
-        if "overload" in scenarios and args.slo_floor is None:
-            raise UsageError("--scenario overload judges requests by the per-stream floor: give --slo-floor F "
-                             "(tok/s; one of the server's SPARK_PLUGIN_FLOORS to load it at its live capacity)")
+        _check_load_options(args, scenarios, workloads)
         if search is not None and "sweep" not in scenarios:
             raise UsageError("--levels auto chooses the sweep's levels: add --scenario sweep or drop --levels auto")
     except UsageError as exc:

@@ -8,6 +8,7 @@ import html
 from pathlib import Path
 
 from .analysis import CurveAnalysis, analyze, capacity_profile, fleet_capacity, fleet_statement
+from .overload import LOAD_SCENARIOS
 from .results import CSV_NAME, META_NAME, STREAMS_NAME, RunRecord, write_json
 
 SUMMARY_NAME = "summary.json"
@@ -234,10 +235,15 @@ def _overload_html(res: dict) -> str:
     share = res.get("rate_met_share")
     rows = [["floor (tok/s)", _num(res.get("floor_tokens_per_second"))],
             ["live capacity (streams)", f"{res.get('capacity_streams')} ({res.get('capacity_source')})"],
-            ["closed-loop streams", str(res.get("streams"))],
-            ["requests completed (errors)", f"{res.get('completed')} ({res.get('errors')})"],
-            ["requests at or above the floor (%)", _num(None if share is None else 100 * share)],
+            ["load", f"{res['streams']} closed-loop streams" if "streams" in res
+             else f"Poisson arrivals, {_num(res.get('arrival_rate_per_second'), '.2f')} req/s"],
+            ["requests offered, completed (errors)", f"{res.get('requests')}, {res.get('completed')} ({res.get('errors')})"],
+            ["offered requests at or above the floor (%)", _num(None if share is None else 100 * share)],
+            ["... and within the TTFT SLO (%)", _num(None if res.get("slo_met_share") is None or res.get("ttft_slo_s") is None
+                                                      else 100 * res["slo_met_share"])],
             ["rate goodput (tok/s)", _num(res.get("rate_goodput_tokens_per_second"))],
+            ["server's count: requests at the floor (%)", _num(None if res.get("server_rate_met_share") is None
+                                                                else 100 * res["server_rate_met_share"])],
             ["aggregate output (tok/s)", _num(res.get("output_tokens_per_second"))],
             ["per-stream rate, median (tok/s)", _num(res.get("per_stream_median_tokens_per_second"))],
             ["TTFT p50 / p99 (s)", f"{_num(res.get('ttft_p50_s'), '.3f')} / {_num(res.get('ttft_p99_s'), '.3f')}"],
@@ -260,7 +266,7 @@ def _scenario_section(record: RunRecord, plots: dict) -> str:
     for key, res in record.scenarios.items():
         kind = res.get("scenario")
         body = (_interference_html(res) if kind == "prefill-interference" else
-                _overload_html(res) if kind == "overload" else _reuse_html(res))
+                _overload_html(res) if kind in LOAD_SCENARIOS else _reuse_html(res))
         parts.append(f"<h3>{html.escape(key)}</h3>" + body
                      + "".join(f"<p class='note'>{html.escape(n)}</p>" for n in res.get("notes") or [])
                      + (img_tag(plots[key], key) if key in plots else ""))
