@@ -3,7 +3,7 @@
 `registration` (the general-plugin entry, in every process: installs the registry's patches),
 `scheduler` (the per-step hook in the engine core), `channel` (how engine core and workers reach the
 API server), `stats` (reading vLLM's stats objects), `stat_logger` (the stat-logger entry, API server),
-`delivery` (the clock the client sees, API server), `guard` (the SLO guard's levers, engine core), `nvfp4_claim` and `nvfp4_methods` (the
+`delivery` (the clock the client sees, API server), `load_endpoint` (GET /get_load for routers, API server), `guard` (the SLO guard's levers, engine core), `nvfp4_claim` and `nvfp4_methods` (the
 quantization config and its layer methods), `startup` (the unified-memory snapshot before the engine
 builds its workers), `after_import` (patching a module once vLLM imports it), `patching` (the one
 way an attribute of vLLM is replaced), `roles`.
@@ -64,6 +64,13 @@ PATCHES = (
           "delivery timestamps in RequestStateStats)",
           phase=STAT_LOGGER, install="vllm_spark_plugin.hooks.delivery:install", probe="delivery_clock",
           setting="delivery_clock", processes=("api_server",)),
+    Patch("load_endpoint", "vllm.plugins.load_endpoint_plugins (adds the plugin's EndpointPlugin: GET /get_load)", "wrap",
+          "routers (vllm-router --policy power_of_two, SGLang's gateway) poll GET /get_load on each worker; stock vLLM "
+          "has none, and its endpoint-plugin group loads a plugin only when VLLM_PLUGINS names it",
+          "0.32.0 (served, behind vllm-router 0.1.17: tests/integration/test_router.py)",
+          "vLLM loading endpoint plugins without VLLM_PLUGINS naming them, or serving a load figure of its own",
+          phase=STAT_LOGGER, install="vllm_spark_plugin.hooks.load_endpoint:install", probe="load_endpoint",
+          processes=("api_server",)),
     Patch("nvfp4_claim", "vllm.model_executor.layers.quantization.register_quantization_config", "register",
           "claim ModelOpt NVFP4 checkpoints on GB10 and on devices without FP4 kernels",
           "0.27.1, 0.29.0, 0.32.0 (served with an NVFP4 checkpoint); 0.33.0 (classes)",

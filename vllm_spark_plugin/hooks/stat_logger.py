@@ -87,8 +87,9 @@ class SparkStatLogger(StatLoggerBase):
 
     def _time_deliveries(self, s: settings_mod.Settings) -> None:
         """The stat-logger phase of the registry: per-stream rates and the SLO on the clock the client
-        sees (`hooks.delivery`), where its setting is on and its probe passes."""
-        done = registration.install(STAT_LOGGER, s, "api_server",
+        sees (`hooks.delivery`), where its setting is on and its probe passes; GET /get_load
+        (`hooks.load_endpoint`)."""
+        done = registration.install(STAT_LOGGER, s, "api_server", exporter=self.exporter,
                                     sink=self.exporter.engine(self.engine_index).record_delivered)
         if done.get("delivery_clock"):
             self.exporter.time_deliveries()

@@ -5,6 +5,6 @@ step, in plain types), `derive` (pure derivations), `engine` (recording: one wri
 `instruments` and `names` (the metric contract), `exporter` (the process's exporter), `telemetry`
 (the background loop: hardware, memory sources, profile, other processes' errors, refits),
 `knee_gauges` (what a refit publishes), `hardware` (NVML), `memory_telemetry` (unified-memory
-failure signals), `link_telemetry` (the fleet's network links), `delivery` (the per-request clock the client sees), `otel_bridge` (OTLP export).
+failure signals), `link_telemetry` (the fleet's network links), `delivery` (the per-request clock the client sees), `load` (the figure GET /get_load answers routers with), `otel_bridge` (OTLP export).
 docs/architecture.md has the map.
 """

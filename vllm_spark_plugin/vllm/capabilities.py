@@ -344,10 +344,42 @@ def guard() -> Capability:
     return _probe("guard", _check_guard)
 
 
+# --- GET /get_load (API server) --------------------------------------------------------------------
+# vLLM's endpoint-plugin contract: `attach_endpoint_plugins(app, ...)` imports `load_endpoint_plugins`
+# from `vllm.plugins` when it runs and calls `attach_router(app)` on each plugin it returns.
+ENDPOINT_LOADER = "vllm.plugins:load_endpoint_plugins"
+ENDPOINT_ATTACH = "vllm.plugins.endpoint_plugins.interface:attach_endpoint_plugins"
+
+
+def endpoint_plugin_loader_owner():
+    """The module whose `load_endpoint_plugins` vLLM's app builder calls (`vllm.plugins`)."""
+    return importlib.import_module(ENDPOINT_LOADER.partition(":")[0])
+
+
+def _check_load_endpoint() -> str:
+    loader = _attr(ENDPOINT_LOADER)
+    if "supported_tasks" not in _params(inspect.unwrap(loader)):
+        raise LookupError("vllm.plugins.load_endpoint_plugins takes no supported_tasks")
+    attach = _attr(ENDPOINT_ATTACH)
+    try:
+        src = inspect.getsource(attach)
+    except (OSError, TypeError):
+        raise LookupError("attach_endpoint_plugins has no source to check") from None
+    if "from vllm.plugins import load_endpoint_plugins" not in src or ".attach_router(app)" not in src:
+        raise LookupError("attach_endpoint_plugins does not load plugins from vllm.plugins at call time "
+                          "and call attach_router(app)")
+    return "vLLM's endpoint-plugin contract (attach_endpoint_plugins -> load_endpoint_plugins, attach_router)"
+
+
+def load_endpoint() -> Capability:
+    """GET /get_load on vLLM's port, added through vLLM's endpoint-plugin contract."""
+    return _probe("load_endpoint", _check_load_endpoint)
+
+
 PROBES = {"step_hook": step_hook, "stat_logger": stat_logger, "delivery_clock": delivery_clock,
           "nvfp4_config": nvfp4_config, "moe_policy": moe_policy,
           "startup_snapshot": startup_snapshot, "guard_admission": guard_admission,
-          "guard_prefill": guard_prefill}
+          "guard_prefill": guard_prefill, "load_endpoint": load_endpoint}
 
 
 def all_capabilities() -> dict[str, Capability]:
