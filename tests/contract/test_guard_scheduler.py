@@ -92,10 +92,40 @@ class FixedKnee:
         return ttft_capacity((), (), None)
 
 
+class FixedCap:
+    """An admission policy (guard/policies.py's interface) that holds one cap: these tests check how
+    the hook applies a cap to vLLM's scheduler; the loop that moves it is tested on the plant
+    (tests/unit/test_guard_matrix.py).  Counts the finished requests it is told of."""
+
+    name, state, moves = "fixed", "track", 0
+
+    def __init__(self, cap) -> None:
+        self.cap, self.finished = cap, []
+
+    def observe_step(self, *a) -> None:
+        pass
+
+    def observe_finished(self, seconds_per_token, mean_batch) -> None:
+        self.finished.append((seconds_per_token, mean_batch))
+
+    def observe_feedback(self, ratio) -> None:
+        pass
+
+    def refit(self, now, ttft_streams=None):
+        return None
+
+    def limit(self, running, waiting):
+        return None if self.cap is None else max(self.cap, running)
+
+
 def with_guard(s, mode, fit, attr="auto", refit=0.0):
+    """The guard on `s`: the cap is the fit's capacity at 20 tok/s (None when the fit has no verdict),
+    held by `FixedCap`; the prefill budget reads the fit."""
     attr = capabilities.admission_attribute() if attr == "auto" else attr
     own = getattr(s, attr) if attr else s.max_num_running_reqs
-    g = Guard(mode, 20.0, own, s.max_num_scheduled_tokens, FixedKnee(fit), refit_seconds=refit)
+    cap = fit.capacity_at(20.0) if fit.ok else None
+    g = Guard(mode, 20.0, own, s.max_num_scheduled_tokens, FixedKnee(fit), refit_seconds=refit,
+              policy=FixedCap(cap))
     eg = guard_hook.EngineGuard(g, attr if mode in ("admission", "both") else None, mode in ("prefill", "both"))
     s.__dict__[step_hook.GUARD_STATE] = eg
     return eg
@@ -264,11 +294,24 @@ def test_an_exception_in_the_guard_is_counted_and_the_step_is_vllms_own(vllm_con
     assert counted and set(counted) == {"guard"}
 
 
-def test_an_unusable_fit_leaves_vllm_alone(vllm_config):
+def test_no_cap_and_no_budget_leave_vllm_alone(vllm_config):
     own, _ = drive(build(subclass("OwnNoFit"), vllm_config), seed=4, steps=150)
     s = build(hooked("NoFit", Settings(guard="both")), vllm_config)
     with_guard(s, "both", KneeResult("too few points"))
     assert drive(s, seed=4, steps=150)[0] == own
+
+
+def test_finished_requests_reach_the_policy_with_their_engine_clock_rate(vllm_config):
+    """Each request followed from its first token is handed to the policy once it finishes (vLLM's
+    finished_req_ids at the next schedule()), with seconds per token and the mean batch of its steps."""
+    s = build(hooked("Finished", Settings(guard="admission")), vllm_config)
+    eg = with_guard(s, "admission", fixed_fit(6))
+    _, n = drive(s, seed=6, steps=150, rate=(1, 2), outputs=(10, 20))
+    assert drain(s)
+    s.schedule()  # the last finishes are read at the top of the next schedule()
+    seen = eg.guard.policy.finished
+    assert len(seen) >= n - 2 and not eg.decoding
+    assert all(t > 0 and 1 <= b <= 6 for t, b in seen)
 
 
 def test_the_levers_are_probed_on_this_release():

@@ -1,30 +1,23 @@
-"""The guard's decisions: the admission cap, the prefill budget, the record of requests held back.
+"""The guard's decisions: the engine core's `Guard`, the prefill budget, the record of requests held back.
 
-* Admission (`AdmissionPolicy`): the cap on running requests is the fit's capacity at the first
-  floor, with the step-time tail (`tail_factor`) priced in, bounded by the TTFT capacity when one is
-  given, within [1, max_num_seqs], and it moves by whole streams with hysteresis: down at once when
-  the target is `band` or more streams below, otherwise (up, or a small move down) only after the
-  target has stayed on the same side for `confirm` refits in a row, to the nearest of those targets.  While the fit
-  has no usable verdict (`usable`) there is no cap: vLLM decides alone; but a cap in force whose fit
-  sees no knee and a capacity above the batches measured (all a binding cap lets it see) rises one
-  stream past them instead of going.  The limit applied to a step
-  is never below the requests already running (the guard never preempts).
+* Admission: the cap on running requests is an admission policy's (`policies`: one interface, one
+  registry row each; the default is the control loop of `loop`).  The limit applied to a step is
+  never below the requests already running (the guard never preempts) and never above vLLM's own.
 * Prefill (`prefill_budget`): while decode streams run, the prefill tokens a step may take so the
   fitted step time keeps them at the floor, (1/(floor*tail) - alpha - beta*batch)/gamma (gamma, or
   the cost per token measured on the last prefill steps when higher), never below
   `min_chunk` (a prompt always progresses) and never above vLLM's own budget.
 * `Deferred`: when each held request was first held, and how long each waited once admitted.
-* `Guard`: the engine core's live fit (an `OnlineKneeEstimator` fed from the step hook, and each
-  admitted request's time from admission to first token), refitted at most once per
-  `refit_seconds` on the step path, and the per-step decision (`StepDecision`).
+* `Guard`: feeds every step to the policy and to the engine core's live fit (an `OnlineKneeEstimator`,
+  read by the prefill budget), each finished request's decode rate and the delivery clock's ratio to
+  the policy, refits at most once per `refit_seconds` on the step path, and makes the per-step
+  decision (`StepDecision`).
 
-Why a tail factor: the fit is robust (a slow step is an outlier it gives little weight), so it
-tracks the typical step; a stream's rate is its tokens over the sum of its steps, so it pays every
-slow step.  Where steps have a heavy tail (a shared host, a busy API server beside the engine) the
-capacity of the typical step is too high for the streams.  `tail_factor` is the `quantile` (0.9) of
-actual over fitted step time summed over windows of `window` consecutive steps (about one request's
-life): the cap is the capacity at floor * tail, so nine in ten request-length stretches of steps
-meet the floor, not one in two.
+Why a tail factor for the prefill budget: the fit is robust (a slow step is an outlier it gives
+little weight), so it tracks the typical step; a stream's rate is its tokens over the sum of its
+steps, so it pays every slow step.  `tail_factor` is the `quantile` (0.9) of actual over fitted step
+time summed over windows of `window` consecutive steps (about one request's life).  The admission
+loop does not use it: it prices the tail additively (`loop`).
 """
 from __future__ import annotations
 
@@ -36,49 +29,24 @@ from typing import Callable, Iterable, NamedTuple
 
 import numpy as np
 
+from vllm_spark_plugin.definitions import stream_decode_rate
 from vllm_spark_plugin.knee import slo_capacity
-from vllm_spark_plugin.knee.result import MODEL_LINEAR, VERDICT_NO_KNEE, VERDICT_OK, VERDICT_RETROGRADE, KneeResult
+from vllm_spark_plugin.knee.result import MODEL_LINEAR, KneeResult
+from vllm_spark_plugin.settings import GUARD_MODES
+
+from . import policies
 
 log = logging.getLogger("vllm_spark_plugin")
 
-OFF, ADMISSION, PREFILL, BOTH = "off", "admission", "prefill", "both"
-MODES = (OFF, ADMISSION, PREFILL, BOTH)
+MODES = GUARD_MODES  # defined once, by the settings owner
+OFF, ADMISSION, PREFILL, BOTH = MODES
 MIN_PREFILL_CHUNK = 8   # tokens: the least prefill a step takes while the prefill guard bounds it
 TOKEN_COST_WEIGHT = 0.5  # weight of the newest step in the measured prefill cost per token
-USABLE_VERDICTS = (VERDICT_OK, VERDICT_RETROGRADE)  # a knee in the measured range
 TAIL_WINDOW = 64        # steps summed per window: about one request's decode at 1 token a step
 TAIL_QUANTILE = 0.9     # the share of request-length stretches the cap means to keep at the floor
 TAIL_STEPS = 2048       # the newest steps the tail is read from
 MAX_TAIL = 4.0          # a tail beyond this is a broken fit, not a slow host: priced at this
 TTFT_BOUNDS = (slo_capacity.VERDICT_OK, slo_capacity.VERDICT_EXCEEDED_AT_SMALLEST)  # a TTFT capacity known
-
-
-def usable(fit: KneeResult | None, floor: float, capacity: int | None = None) -> bool:
-    """The fit gives a capacity at the floor the guard may act on: a knee in the measured range, or,
-    without one, a capacity within the measured batches (measured, not extrapolated: once the cap
-    holds, the batches stay below the knee and the fit sees no knee, yet the capacity at the floor is
-    still where it was observed).  Too few points, no spread, an extrapolated capacity: not usable.
-    `capacity`: the capacity the guard would apply (default: the fit's at the floor)."""
-    if fit is None:
-        return False
-    cap = fit.capacity_at(floor) if capacity is None else capacity
-    if cap is None:
-        return False
-    if fit.verdict in USABLE_VERDICTS:
-        return True
-    return fit.verdict == VERDICT_NO_KNEE and fit.max_measured is not None and cap <= fit.max_measured
-
-
-def applied_capacity(fit: KneeResult | None, floor: float, tail: float = 1.0) -> int | None:
-    """The capacity at the floor with the step-time tail priced in: the fit's capacity at `floor`,
-    lowered to the linear model's at `floor * tail`; None when neither is known."""
-    if fit is None:
-        return None
-    cap = fit.capacity_at(floor)
-    tailed = capacity_at_rate(fit, floor * tail) if tail > 1.0 else None
-    if tailed is None:
-        return cap
-    return tailed if cap is None else min(cap, tailed)
 
 
 def tail_factor(fit: KneeResult | None, batch, prefill, seconds, window: int = TAIL_WINDOW,
@@ -108,78 +76,6 @@ def capacity_at_rate(fit: KneeResult, rate: float) -> int | None:
     if fit.model != MODEL_LINEAR or a is None or b is None or not b > 0 or not rate > 0:
         return None
     return max(0, int(math.floor((k / rate - a) / b + 1e-9)))
-
-
-class AdmissionPolicy:
-    """The cap on running requests, moved with hysteresis (see the module doc)."""
-
-    def __init__(self, floor: float, max_num_seqs: int, band: int = 2, confirm: int = 2) -> None:
-        if not (isinstance(max_num_seqs, int) and max_num_seqs >= 1):
-            raise ValueError(f"max_num_seqs must be an integer >= 1, got {max_num_seqs!r}")
-        self.floor = float(floor)
-        self.max_num_seqs = max_num_seqs
-        self.band = max(1, int(band))
-        self.confirm = max(1, int(confirm))
-        self.cap: int | None = None  # None: no cap (vLLM's own max_num_seqs)
-        self._side = 0
-        self._seen = 0
-        self._nearest = 0  # the target nearest the cap among the refits seen on this side
-
-    def target(self, fit: KneeResult | None, ttft_streams: int | None = None, tail: float = 1.0) -> int | None:
-        """Capacity under both SLOs at the floor (with the step-time `tail` priced in), bounded to
-        [1, max_num_seqs]; None when unusable."""
-        cap = applied_capacity(fit, self.floor, tail)
-        if not usable(fit, self.floor, cap):  # judged on what is applied: a tailed cap the batches reached
-            return None
-        if ttft_streams is not None:
-            cap = min(cap, int(ttft_streams))
-        return min(self.max_num_seqs, max(1, int(cap)))
-
-    def beyond_measured(self, fit: KneeResult | None, tail: float = 1.0) -> bool:
-        """No knee and a capacity above the batches measured: what a binding cap makes the fit see,
-        since the batches cannot pass it."""
-        cap = applied_capacity(fit, self.floor, tail)
-        return (fit is not None and fit.verdict == VERDICT_NO_KNEE and fit.max_measured is not None
-                and cap is not None and cap > fit.max_measured)
-
-    def update(self, fit: KneeResult | None, ttft_streams: int | None = None, tail: float = 1.0) -> int | None:
-        """One refit: the cap in force afterwards."""
-        target = self.target(fit, ttft_streams, tail)
-        if target is None and self.cap is not None and self.beyond_measured(fit, tail):
-            # Held at the cap, the fit cannot confirm a capacity above it: lifting the cap would let
-            # every waiting request in at once.  Raise it one stream past what was measured instead
-            # (with the hysteresis below: one stream per `confirm` refits) and let the fit see there.
-            target = min(self.max_num_seqs, int(fit.max_measured) + 1)
-            if ttft_streams is not None:
-                target = max(1, min(target, int(ttft_streams)))
-        if target is None:
-            self.cap, self._side, self._seen = None, 0, 0
-            return None
-        if self.cap is None or self.cap - target >= self.band:  # the first cap, or a big move down: now
-            self.cap, self._side, self._seen = target, 0, 0
-            return self.cap
-        if target == self.cap:
-            self._side, self._seen = 0, 0
-            return self.cap
-        # Up, or a small move down: only once `confirm` refits in a row agree, and then to the nearest
-        # of their targets.  Up is never at once: the requests it lets in cannot be taken back (the
-        # guard never preempts), so an estimate that jitters must not open the gate on one refit.
-        side = 1 if target > self.cap else -1
-        if side == self._side:
-            self._seen += 1
-            self._nearest = min(self._nearest, target) if side > 0 else max(self._nearest, target)
-        else:
-            self._side, self._seen, self._nearest = side, 1, target
-        if self._seen >= self.confirm:
-            self.cap, self._side, self._seen = self._nearest, 0, 0
-        return self.cap
-
-    def limit(self, running: int) -> int | None:
-        """The limit to apply to this step: the cap, never below what runs already (no preemption),
-        never above max_num_seqs; None when there is no cap."""
-        if self.cap is None:
-            return None
-        return min(self.max_num_seqs, max(self.cap, int(running)))
 
 
 def prefill_budget(fit: KneeResult | None, floor: float, batch: int, max_tokens: int,
@@ -248,12 +144,15 @@ class StepDecision(NamedTuple):
 
 
 class Guard:
-    """The engine core's guard: the live fit, refitted at most every `refit_seconds` (checked on the
-    step path), and each step's decision."""
+    """The engine core's guard: the admission policy and the live fit, refitted at most every
+    `refit_seconds` (checked on the step path), and each step's decision.  `policy`: a name in
+    `policies.POLICIES`, or a policy object (one that keeps a fixed cap, for the scheduler's
+    contract tests); `prior`: the loop's (alpha, beta) at a cold start (`prior.from_profile`)."""
 
     def __init__(self, mode: str, floor: float, max_num_seqs: int, max_tokens: int, knee,
                  refit_seconds: float, clock: Callable[[], float] = time.monotonic,
-                 min_chunk: int = MIN_PREFILL_CHUNK, band: int = 2, confirm: int = 2,
+                 min_chunk: int = MIN_PREFILL_CHUNK, policy=policies.DEFAULT_POLICY,
+                 prior: tuple[float, float] | None = None,
                  tail_window: int = TAIL_WINDOW, tail_quantile: float = TAIL_QUANTILE) -> None:
         if mode not in MODES:
             raise ValueError(f"guard mode must be one of {', '.join(MODES)}, got {mode!r}")
@@ -267,19 +166,26 @@ class Guard:
         self.knee = knee
         self.refit_seconds = refit_seconds
         self._clock = clock
-        self.policy = AdmissionPolicy(floor, max_num_seqs, band, confirm)
+        if isinstance(policy, str):
+            policy = policies.build(policy, floor, max_num_seqs, prior) if self.admission else None
+        self.policy = policy if self.admission else None
         self.tail_window = tail_window
         self.tail_quantile = tail_quantile
-        self.fit: KneeResult | None = None
-        self.tail = 1.0                      # the step-time tail priced into the cap and the budget
+        self.fit: KneeResult | None = None    # read by the prefill budget only
+        self.tail = 1.0                      # the step-time tail priced into the prefill budget
         self.token_cost: float | None = None  # seconds per prefill token of the last prefill steps (moving average)
         self.ttft: slo_capacity.TtftCapacity | None = None
         self._next_refit = clock() + refit_seconds
         self.deferred = Deferred(clock)
         self.last = StepDecision(None, None, None, 0)
+        self._steps = self._batches = 0
 
     def observe(self, batch: int, prefill_tokens: int, seconds: float, tokens_per_stream: float = 1.0) -> None:
         self.knee.observe(batch, prefill_tokens, seconds, tokens_per_stream)
+        self._steps += 1
+        self._batches += batch
+        if self.policy is not None:
+            self.policy.observe_step(batch, prefill_tokens, seconds / max(1.0, tokens_per_stream))
         fit = self.fit
         if self.prefill and prefill_tokens > 0 and fit is not None and fit.alpha_seconds is not None \
                 and fit.beta_seconds is not None:
@@ -288,6 +194,25 @@ class Guard:
             if per > 0:
                 last = self.token_cost
                 self.token_cost = per if last is None else last + TOKEN_COST_WEIGHT * (per - last)
+
+    def mark(self) -> tuple[int, int]:
+        """(steps, sum of their batches) observed so far: taken at a request's first token, handed back
+        with its finish, so the policy knows the mean batch of the steps it ran in."""
+        return self._steps, self._batches
+
+    def observe_finished(self, output_tokens: int, decode_seconds: float, since: tuple[int, int]) -> None:
+        """One finished request on the engine clock: its tokens, first-to-last-token seconds and the
+        `mark()` taken at its first token."""
+        if self.policy is not None:
+            rate = stream_decode_rate(output_tokens, decode_seconds)
+            steps = self._steps - since[0]
+            if rate and steps > 0:
+                self.policy.observe_finished(1.0 / rate, (self._batches - since[1]) / steps)
+
+    def observe_feedback(self, ratio: float) -> None:
+        """The delivery clock's seconds per token over the engine clock's (the API server's file)."""
+        if self.policy is not None:
+            self.policy.observe_feedback(ratio)
 
     def observe_ttft(self, batch: int, seconds: float) -> None:
         """One admitted request's first token, timed from its admission: what joining a batch of
@@ -304,25 +229,21 @@ class Guard:
         if now < self._next_refit:
             return
         self._next_refit = now + self.refit_seconds
-        self.fit = self.knee.estimate(force=True)
-        self.tail = tail_factor(self.fit, *self.knee.recent_steps(TAIL_STEPS), window=self.tail_window,
-                                quantile=self.tail_quantile)
-        if self.admission:
+        if self.prefill:
+            self.fit = self.knee.estimate(force=True)
+            self.tail = tail_factor(self.fit, *self.knee.recent_steps(TAIL_STEPS), window=self.tail_window,
+                                    quantile=self.tail_quantile)
+        if self.policy is not None:
             self.ttft = self.knee.ttft_capacity()
-            before = self.policy.cap
-            cap = self.policy.update(self.fit, self.ttft_streams(), self.tail)
-            if cap != before:
-                log.info("vllm-spark-plugin: SLO guard cap %s -> %s (capacity at %g tok/s: %s from the fit, "
-                         "%s with the step-time tail %.2f; TTFT capacity %s)", before or "none", cap or "none",
-                         self.floor, None if self.fit is None else self.fit.capacity_at(self.floor),
-                         applied_capacity(self.fit, self.floor, self.tail),
-                         self.tail, self.ttft_streams())
+            moved = self.policy.refit(now, self.ttft_streams())
+            if moved:
+                log.info("vllm-spark-plugin: SLO guard cap %s", moved)
 
     def decide(self, running: int, waiting: int, decode_tokens: int) -> StepDecision:
         """This step's limits: `running` requests run now, `waiting` wait, `decode_tokens` is what the
         running decode streams take from the token budget."""
         self.refit_due()
-        limit = self.policy.limit(running) if self.admission else None
+        limit = self.policy.limit(running, waiting) if self.policy is not None else None
         held = 0
         if limit is not None and running >= limit and waiting:
             held = min(waiting, self.max_num_seqs - running)

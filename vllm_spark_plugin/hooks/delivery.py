@@ -19,7 +19,8 @@ from time import monotonic
 
 from vllm_spark_plugin.common import errors
 from vllm_spark_plugin.hooks import patching
-from vllm_spark_plugin.metrics.delivery import Delivery, not_streamed
+from vllm_spark_plugin.definitions import stream_decode_rate
+from vllm_spark_plugin.metrics.delivery import Delivery, FeedbackWriter, not_streamed
 from vllm_spark_plugin.vllm import capabilities
 
 PATCH = "delivery_clock"
@@ -27,6 +28,7 @@ PATCH = "delivery_clock"
 _ORIGINAL = None
 _ORIGINAL_APP_CALL = None
 _sink = None  # callable(Delivered), set by install(); None: the wrapper only passes outputs through
+_feedback = None  # FeedbackWriter while the guard is on (the engine core reads its file)
 _ARRIVAL: contextvars.ContextVar = contextvars.ContextVar("vllm_spark_http_arrival", default=None)
 
 
@@ -38,11 +40,30 @@ def install(patch, settings, on_error, sink, **_context) -> bool:
         return False
     if _sink is None:  # one sink per process: the first engine's (data parallel: docs/metrics.md)
         _sink = sink
+    if settings.guard_on:
+        _start_feedback(settings)
     if _ORIGINAL is not None:
         return True
     _ORIGINAL = patching.replace(PATCH, capabilities.engine_client_class(), "generate", generate)
     _stamp_http_arrivals()
     return True
+
+
+def _start_feedback(settings) -> None:
+    """With the guard on, each finished stream's delivery and engine-clock rates feed the guard's
+    feedback file in the run directory (metrics.delivery.FeedbackWriter; docs/guard.md)."""
+    global _feedback
+    from vllm_spark_plugin.hooks import channel
+    directory = channel.run_dir()
+    if directory and _feedback is None:
+        _feedback = FeedbackWriter(directory, every=max(1.0, settings.knee_refit_seconds / 2))
+
+
+def _feed_back(result, out) -> None:
+    m = getattr(out, "metrics", None)
+    first, last = getattr(m, "first_token_ts", None), getattr(m, "last_token_ts", None)
+    if isinstance(first, (int, float)) and isinstance(last, (int, float)):
+        _feedback.add(result.decode_rate, stream_decode_rate(result.output_tokens, last - first))
 
 
 def _stamp_http_arrivals() -> None:
@@ -93,7 +114,10 @@ async def generate(self, *args, **kwargs):
                     else:
                         track.see(monotonic(), _tokens(out))
                         if out.finished:
-                            sink(track.result())
+                            result = track.result()
+                            sink(result)
+                            if _feedback is not None:
+                                _feed_back(result, out)
                 except Exception as exc:
                     errors.report("delivery", exc)
                     track = None

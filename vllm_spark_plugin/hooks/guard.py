@@ -29,20 +29,25 @@ PATCH = "guard"
 
 
 MAX_FIRST_PENDING = 4096  # admitted requests awaiting their first token that are followed for TTFT
+MAX_DECODING = 4096       # requests past their first token followed to their finish (engine-clock rate)
 
 
 class EngineGuard:
     """One scheduler's guard: the domain `Guard`, the release's admission attribute (None: not
-    guarded), whether the token budget is guarded, and the admitted requests whose first token is
-    awaited ({request id: when admitted}, for the TTFT capacity)."""
+    guarded), whether the token budget is guarded, the admitted requests whose first token is
+    awaited ({request id: when admitted}, for the TTFT capacity), the requests followed from their
+    first token to their finish ({request id: (request, first token time, guard mark)}: each finished
+    request's decode rate on the engine clock) and the API server's feedback file."""
 
-    __slots__ = ("guard", "admission_attr", "budget", "first")
+    __slots__ = ("guard", "admission_attr", "budget", "first", "decoding", "feedback")
 
-    def __init__(self, guard, admission_attr: str | None, budget: bool) -> None:
+    def __init__(self, guard, admission_attr: str | None, budget: bool, feedback=None) -> None:
         self.guard = guard
         self.admission_attr = admission_attr
         self.budget = budget
         self.first: dict = {}
+        self.decoding: dict = {}
+        self.feedback = feedback  # metrics.delivery.FeedbackReader or None
 
     def first_tokens(self, sched) -> None:
         """Time to first token from admission of the requests whose first token the last step produced
@@ -50,16 +55,36 @@ class EngineGuard:
         now = time.monotonic()
         batch = len(sched.running)
         requests = sched.requests
+        g = self.guard
         for rid in [r for r in self.first if (requests.get(r) is None or requests[r].num_output_tokens > 0)]:
             admitted = self.first.pop(rid)
-            if rid in requests and batch:
-                self.guard.observe_ttft(batch, max(0.0, now - admitted))
+            req = requests.get(rid)
+            if req is not None and batch:
+                g.observe_ttft(batch, max(0.0, now - admitted))
+                if len(self.decoding) < MAX_DECODING:
+                    self.decoding[rid] = (req, now, g.mark())
+
+    def finished(self, sched) -> None:
+        """The requests that finished in the last step (vLLM's `finished_req_ids`, cleared by its
+        schedule()): tokens over first-to-last-token seconds on the engine clock."""
+        now = time.monotonic()
+        for rid in sched.finished_req_ids:
+            followed = self.decoding.pop(rid, None)
+            if followed is not None:
+                req, first, mark = followed
+                self.guard.observe_finished(req.num_output_tokens, now - first, mark)
 
     def decide(self, sched) -> list:
         """Set this step's limits on `sched`; returns [(attribute, vLLM's value)] to restore."""
         g = self.guard
+        if self.decoding and getattr(sched, "finished_req_ids", None):
+            self.finished(sched)
         if self.first:
             self.first_tokens(sched)
+        if self.feedback is not None:
+            ratio = self.feedback.poll()
+            if ratio is not None:
+                g.observe_feedback(ratio)
         running = len(sched.running)
         waiting = len(sched.waiting)
         spec = getattr(sched, "num_spec_tokens", 0) or 0
@@ -133,15 +158,21 @@ def install(patch, settings, on_error, **_context) -> None:
 
 
 def new_guard(sched, settings, attr: str | None, budget: bool) -> EngineGuard:
-    from vllm_spark_plugin.guard import Guard
+    from vllm_spark_plugin.guard import Guard, prior
+    from vllm_spark_plugin.hooks import channel
     from vllm_spark_plugin.knee.online import OnlineKneeEstimator
+    from vllm_spark_plugin.metrics.delivery import FeedbackReader
     mode = {(True, True): "both", (True, False): "admission", (False, True): "prefill"}[(attr is not None, budget)]
     own_limit = getattr(sched, attr) if attr else sched.max_num_running_reqs
+    line, start = prior.from_profile(settings.profile)
     g = Guard(mode, settings.first_floor, int(own_limit), int(getattr(sched, BUDGET_ATTRIBUTE)),
-              OnlineKneeEstimator.from_settings(settings), settings.knee_refit_seconds)
+              OnlineKneeEstimator.from_settings(settings), settings.knee_refit_seconds, prior=line)
+    directory = channel.run_dir()
     log.info("vllm-spark-plugin: SLO guard active in this engine core (%s at %g tok/s; limit %s=%d, "
-             "token budget %d)", mode, g.floor, attr or "-", g.max_num_seqs, g.max_tokens)
-    return EngineGuard(g, attr, budget)
+             "token budget %d; admission starts from %s)", mode, g.floor, attr or "-", g.max_num_seqs,
+             g.max_tokens, start)
+    return EngineGuard(g, attr, budget,
+                       FeedbackReader(directory, settings.knee_refit_seconds) if directory and g.admission else None)
 
 
 def patch_scheduler(Scheduler, settings, on_error) -> None:

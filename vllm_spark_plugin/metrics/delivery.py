@@ -9,13 +9,19 @@ server controls before the HTTP write, and counts the tokens in each hand-off th
 counts them in each chunk: the first hand-off's tokens are `first_arrival_tokens` of
 `definitions.stream_decode_rate`.
 
-Pure: no vLLM, no Prometheus.  Times are seconds on one clock (`time.monotonic`).
+Pure: no vLLM, no Prometheus.  Times are seconds on one clock (`time.monotonic`).  The guard's
+feedback file (`FeedbackWriter`, `FeedbackReader`) carries the delivery clock's ratio to the engine
+clock from the API server to the engine core.
 """
 from __future__ import annotations
 
+import math
+import os
+from collections import deque
 from dataclasses import dataclass
 
-from vllm_spark_plugin.definitions import stream_decode_rate
+from vllm_spark_plugin.common import errors
+from vllm_spark_plugin.definitions import quantile, stream_decode_rate
 
 
 @dataclass(frozen=True)
@@ -66,3 +72,82 @@ def not_streamed(ttft, decode_seconds, output_tokens) -> Delivered:
     tokens = int(output_tokens) if ok(output_tokens) else 0
     rate = stream_decode_rate(tokens, decode_seconds) if ok(decode_seconds) else None
     return Delivered(float(ttft) if ok(ttft) else None, rate, tokens, False)
+
+
+# -- the guard's feedback: the delivery clock against the engine clock (docs/guard.md, "The loop") ------
+FEEDBACK_FILE = "guard-feedback"  # in the server's run directory (hooks.channel.run_dir)
+FEEDBACK_KEEP = 64                # the newest finished requests the ratio is read from
+FEEDBACK_MIN = 8
+FEEDBACK_QUANTILE = 0.9           # the quantile the floor is judged at
+
+
+class FeedbackWriter:
+    """API server side: each finished streamed request's seconds per token on the delivery clock and on
+    the engine-core clock (vLLM's first/last token stamps); every `every` seconds, the ratio of their
+    90th percentiles written to the run directory (a temporary file renamed over the last: a reader
+    never sees half a number).  `add` costs two appends; errors are the caller's to contain."""
+
+    def __init__(self, directory: str, every: float = 5.0, clock=None) -> None:
+        import time
+        self.path = os.path.join(directory, FEEDBACK_FILE)
+        self.every = every
+        self._clock = clock or time.monotonic
+        self._next = self._clock() + every
+        self.delivered: deque = deque(maxlen=FEEDBACK_KEEP)
+        self.engine: deque = deque(maxlen=FEEDBACK_KEEP)
+
+    def add(self, delivered_rate: float | None, engine_rate: float | None) -> None:
+        if delivered_rate and engine_rate and delivered_rate > 0 and engine_rate > 0:
+            self.delivered.append(1.0 / delivered_rate)
+            self.engine.append(1.0 / engine_rate)
+        if self._clock() >= self._next and len(self.engine) >= FEEDBACK_MIN:
+            self._next = self._clock() + self.every
+            self.write()
+
+    def ratio(self) -> float | None:
+        d, e = quantile(self.delivered, FEEDBACK_QUANTILE), quantile(self.engine, FEEDBACK_QUANTILE)
+        return d / e if d and e else None
+
+    def write(self) -> None:
+        r = self.ratio()
+        if r is None:
+            return
+        tmp = f"{self.path}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(f"{r:.6f}\n")
+        os.replace(tmp, self.path)
+
+
+class FeedbackReader:
+    """Engine core side: the last ratio the API server wrote, read at most every `every` seconds (a stat
+    and, when the file changed, one small read); None while there is nothing new.  Never raises: a
+    missing file is no feedback yet, a bad one is counted under where="guard_feedback" once per change."""
+
+    def __init__(self, directory: str, every: float, clock=None) -> None:
+        import time
+        self.path = os.path.join(directory, FEEDBACK_FILE)
+        self.every = every
+        self._clock = clock or time.monotonic
+        self._next = 0.0
+        self._mtime = None
+
+    def poll(self) -> float | None:
+        now = self._clock()
+        if now < self._next:
+            return None
+        self._next = now + self.every
+        try:
+            mtime = os.stat(self.path).st_mtime_ns
+            if mtime == self._mtime:
+                return None
+            self._mtime = mtime
+            with open(self.path, encoding="utf-8") as fh:
+                value = float(fh.read().strip())
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{self.path}: {value!r} is not a positive ratio")
+            return value
+        except FileNotFoundError:
+            return None
+        except Exception as exc:  # contained: the loop runs on without the correction
+            errors.report("guard_feedback", exc)
+            return None

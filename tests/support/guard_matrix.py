@@ -1,0 +1,223 @@
+"""The guard's scenario matrix on the plant (`support.plant`): each scenario run three ways, guard off,
+the best static max_num_seqs (found by search on the same plant: what a user tuning by sweep
+reaches) and the guard (every registered policy), with the figures the gates and docs/guard.md's
+table read.  Deterministic: every run is seeded.  `benchmarks/guard_matrix.py` writes the table;
+tests/unit/test_guard_matrix.py gates each scenario.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+
+from vllm_spark_plugin.definitions import median
+from vllm_spark_plugin.guard import POLICIES
+
+from .plant import Engine, Load, Plant, Run, new_guard
+
+ENGINE = Engine()
+LONE = ENGINE.lone_rate()
+TTFT_SLO = 2.0
+ATTAIN = 0.9                      # share of requests at the SLO the gates and the open-loop capacity use
+OPEN_RATES = tuple(round(0.5 + 0.1 * i, 1) for i in range(16))   # x the nominal request rate at the floor
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    what: str
+    floor_share: float            # of the lone-stream rate
+    load: Load
+    warm: bool = True             # a capacity profile installed (the loop's prior), else a slow start
+    seed: int = 1
+    kind: str = "closed"          # closed | open (capacity over arrival rates) | shift
+    window: tuple[float, float] | None = None  # seconds whose finished requests are judged (default: the run)
+
+    @property
+    def floor(self) -> float:
+        return round(self.floor_share * LONE, 2)
+
+    @property
+    def streams(self) -> int:
+        return ENGINE.streams_at(self.floor)
+
+    def prior(self):
+        """A sweep's line from another day: the typical step, 10% off in each direction."""
+        return (ENGINE.alpha * 1.1, ENGINE.beta * 0.9) if self.warm else None
+
+
+def _closed(mult: float, share: float, **kw) -> Load:
+    return Load(clients=max(2, round(mult * ENGINE.streams_at(share * LONE))), **kw)
+
+
+def _request_rate(share: float, output: int = 128) -> float:
+    """Requests per second the nominal capacity at the floor serves: streams * floor / output tokens."""
+    return ENGINE.streams_at(share * LONE) * share * LONE / output
+
+
+SCENARIOS = (
+    Scenario("warm-60-3x", "warm, floor 60%, closed loop 3x capacity", 0.6, _closed(3, 0.6)),
+    Scenario("cold-60-3x", "cold start, floor 60%, closed loop 3x", 0.6, _closed(3, 0.6), warm=False),
+    Scenario("warm-30-3x", "warm, floor 30%, closed loop 3x", 0.3, _closed(3, 0.3, duration=60.0)),
+    Scenario("warm-85-3x", "warm, floor 85% (near the lone-stream rate), closed loop 3x", 0.85, _closed(3, 0.85)),
+    Scenario("cold-85-3x", "cold start, floor 85%, closed loop 3x", 0.85, _closed(3, 0.85), warm=False),
+    Scenario("warm-60-1.5x", "warm, floor 60%, closed loop 1.5x", 0.6, _closed(1.5, 0.6)),
+    Scenario("warm-60-6x", "warm, floor 60%, closed loop 6x", 0.6, _closed(6, 0.6)),
+    Scenario("cold-30-6x", "cold start, floor 30%, closed loop 6x", 0.3, _closed(6, 0.3, duration=60.0), warm=False),
+    Scenario("long-prefill", "floor 60%, closed loop 1.5x, a 4000-token prompt every 8 s", 0.6,
+             _closed(1.5, 0.6, long_prompt=(8.0, 4000))),
+    Scenario("burst", "floor 60%, Poisson at 0.5x with a burst of 10x for 10 s", 0.6,
+             Load(closed=False, rate=0.5 * _request_rate(0.6), duration=90.0,
+                  burst=(30.0, 10.0, 10 * _request_rate(0.6)))),
+    Scenario("open-60", "floor 60% and TTFT 2 s, Poisson arrivals 0.5x-2x: the capacity", 0.6,
+             Load(closed=False, duration=60.0), kind="open"),
+    Scenario("shift", "floor 60%, closed loop 3x; at 60 s output x4, prompt x8", 0.6,
+             _closed(3, 0.6, duration=180.0, shift_at=60.0), kind="shift", window=(120.0, 180.0)),
+)
+
+
+@dataclass
+class Outcome:
+    """One run, judged: requests at the floor (delivery clock), rate goodput, TTFT, the cap."""
+
+    finished: int
+    at_floor: float | None
+    goodput: float               # output tok/s of the requests that met the floor
+    ttft_p50: float | None
+    attainment: float | None     # both SLOs over every offered request (open loop)
+    cap: int | None = None
+    cap_changes: int = 0
+    lost: int = 0
+    limit_exceeded: int = 0
+
+    def row(self) -> dict:
+        return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
+
+
+def judge(run: Run, s: Scenario, window: tuple[float, float] | None = None) -> Outcome:
+    floor = s.floor
+    w0, w1 = window or s.window or (0.0, s.load.duration + (0.0 if s.load.closed else s.load.grace))
+    done = [f for f in run.finished if w0 <= f.done <= w1]
+    met = [f for f in done if f.rate is not None and f.rate >= floor]
+    offered = [f for f in run.finished if f.arrival < s.load.duration]
+    both = sum(1 for f in offered if f.rate is not None and f.rate >= floor and f.ttft <= TTFT_SLO)
+    n_offered = sum(1 for f in run.finished if f.arrival < s.load.duration) + run.left_running + run.left_waiting
+    p = run.policy
+    return Outcome(len(done), len(met) / len(done) if done else None, sum(f.output for f in met) / (w1 - w0),
+                   median([f.ttft for f in done]), both / n_offered if n_offered else None,
+                   None if p is None else p.cap, 0 if p is None else p.moves,
+                   run.arrived - len(run.finished) - run.left_running - run.left_waiting, run.limit_exceeded)
+
+
+def run(s: Scenario, how: str, load: Load | None = None, static: int | None = None) -> Run:
+    """`how`: "off", "static" (with `static`) or a policy name."""
+    plant = Plant(ENGINE, load or s.load, s.seed)
+    if how == "off":
+        return plant.run()
+    if how == "static":
+        return plant.run(static=static)
+    ttft = TTFT_SLO if s.kind == "open" else None
+    return plant.run(guard=new_guard(ENGINE, s.floor, how, s.prior(), ttft_slo=ttft))
+
+
+def best_static(score, start: int, hi: int = ENGINE.max_num_seqs) -> tuple[int, dict]:
+    """The static cap with the highest score: a climb from `start` in steps that halve (coarse to fine),
+    each cap evaluated once.  Returns (cap, {cap: score})."""
+    seen: dict[int, tuple] = {}
+
+    def at(c):
+        if c not in seen:
+            seen[c] = score(c)
+        return seen[c]
+
+    best, step = max(1, min(hi, start)), max(1, start // 2)
+    while True:
+        moved = False
+        for c in (best - step, best + step):
+            if 1 <= c <= hi and at(c) > at(best):
+                best, moved = c, True
+                break
+        if not moved:
+            if step == 1:
+                return best, {c: v for c, v in sorted(seen.items())}
+            step = max(1, step // 2)
+
+
+def open_capacity(s: Scenario, how: str, static: int | None = None) -> tuple[float | None, dict]:
+    """The highest arrival rate (x the nominal) with >= 90% of offered requests at both SLOs, rising
+    through OPEN_RATES until one falls short; ({rate: attainment})."""
+    base = _request_rate(s.floor_share, s.load.output)
+    found, curve = None, {}
+    for x in OPEN_RATES:
+        r = run(s, how, replace(s.load, rate=x * base), static)
+        a = judge(r, s).attainment or 0.0
+        curve[x] = round(a, 3)
+        if a < ATTAIN:
+            break
+        found = x
+    return found, curve
+
+
+@lru_cache(maxsize=None)
+def oracle(name: str) -> dict:
+    """The scenario's best static cap and its figures (computed once per process)."""
+    s = scenario(name)
+    if s.kind == "open":
+        cap, scores = best_static(lambda c: (open_capacity(s, "static", c)[0] or 0.0,), s.streams)
+        capacity, curve = open_capacity(s, "static", cap)
+        return {"cap": cap, "capacity": capacity, "curve": curve, "searched": len(scores)}
+    if s.kind == "shift":
+        first = replace(s.load, shift_at=None, duration=s.load.shift_at)
+        cap1, _ = best_static(lambda c: _score(judge(run(s, "static", first, c), s, (0.0, first.duration))),
+                              s.streams)
+        cap2, scores = best_static(lambda c: _score(judge(run(s, "static", None, c), s)), s.streams)
+        return {"cap": cap2, "outcome": judge(run(s, "static", None, cap2), s),
+                "first_cap": cap1, "first_on_shift": judge(run(s, "static", None, cap1), s), "searched": len(scores)}
+    cap, scores = best_static(lambda c: _score(judge(run(s, "static", None, c), s)), s.streams)
+    return {"cap": cap, "outcome": judge(run(s, "static", None, cap), s), "searched": len(scores)}
+
+
+def _score(o: Outcome) -> tuple:
+    return (round(o.goodput, 1), o.at_floor or 0.0)
+
+
+@lru_cache(maxsize=None)
+def outcome(name: str, how: str) -> dict:
+    """Guard off or a policy on the scenario: its figures (open loop: the capacity and the curve)."""
+    s = scenario(name)
+    if s.kind == "open":
+        capacity, curve = open_capacity(s, how)
+        return {"capacity": capacity, "curve": curve}
+    return {"outcome": judge(run(s, how), s)}
+
+
+def scenario(name: str) -> Scenario:
+    return next(s for s in SCENARIOS if s.name == name)
+
+
+def policies() -> tuple[str, ...]:
+    return tuple(POLICIES)
+
+
+@dataclass
+class Row:
+    scenario: str
+    floor: float
+    off: dict = field(default_factory=dict)
+    oracle: dict = field(default_factory=dict)
+    guard: dict = field(default_factory=dict)   # policy -> figures
+
+
+def table() -> list[dict]:
+    """Every scenario's figures, three ways (the JSON the benchmark writes)."""
+    out = []
+    for s in SCENARIOS:
+        o = oracle(s.name)
+        row = {"scenario": s.name, "what": s.what, "floor": s.floor, "streams_nominal": s.streams,
+               "off": _plain(outcome(s.name, "off")), "oracle": _plain(o),
+               "guard": {p: _plain(outcome(s.name, p)) for p in policies()}}
+        out.append(row)
+    return out
+
+
+def _plain(d: dict) -> dict:
+    return {k: (v.row() if isinstance(v, Outcome) else v) for k, v in d.items()}

@@ -1,0 +1,266 @@
+"""The admission cap as a control loop (docs/guard.md, "The loop"): a step-time model that survives its
+own feedback, a slow start from cold, a correction from measured outcomes, bounded moves, a dead band.
+
+Everything is in step-time space and additive.  The target is the engine-clock seconds per token a
+stream may take, `T = 1 / (floor * ratio)` (`ratio`: the delivery clock's seconds per token over the
+engine's, fed back from the API server).  A stream at batch b pays the mean step at b, `a + beta*b`
+(every step of its life, slow ones and prefill ones included), and the streams spread around that
+mean by `s` (the 90th percentile of finished requests' seconds per token minus the model's mean step
+at the batch they ran at, which the loop reads with the mean batch of each request's own steps).  So the streams at the floor are `x = (T - s - a) / beta`, and the cap follows x:
+
+* `beta` (the slope) comes from per-batch-level means of decode-only steps (`StepLevels`); with no
+  spread in the levels (a binding cap keeps the batch at one level) the last usable slope is kept:
+  the loop never falls back to "no model";
+* `a` is re-anchored at each refit on the steps measured since the last one, whatever their batch
+  (`mean(t) - beta * mean(b)`): it needs no spread and carries the step-time tail additively;
+* `s` is measured on the requests that finished, so a bias the step model cannot see converges
+  instead of being multiplied into the floor.
+
+States: `cold` (no slope yet: no prior and too few levels) runs a slow start, the cap doubling each
+round of `round_steps` steps at the cap while the mean step stays under the target, capped by x as
+soon as two levels give a slope; `track` moves the cap toward x at each refit, down at once when x is
+half a stream or more below it (by at most half the cap), up only while the cap binds and after two
+refits agree (by at most half the cap plus one), and not at all while x is within [cap, cap + 1).
+Pure Python, no vLLM, no clock of its own: the caller passes `now`.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+
+from vllm_spark_plugin.definitions import quantile
+
+COLD, TRACK = "cold", "track"
+ROUND_STEPS = 24          # steps at the cap per slow-start round: enough for a mean step at that batch
+LEVEL_HALFLIFE = 120.0    # seconds: the slope forgets levels not seen for a few minutes
+MIN_LEVEL_STEPS = 8       # a level's mean counts toward the slope with this many decode steps
+MIN_SPAN = 4              # streams between the lowest and highest level the slope is read from
+OUTLIER = 2.0             # a decode step this many times its level's mean is left out of the slope
+LEVEL_WEIGHT_CAP = 200.0  # one crowded level does not drown the others in the slope's fit
+MIN_FINISHED = 16         # finished requests before their spread is read
+FINISHED_KEEP = 96        # the newest finished requests the spread is read from
+SPREAD_QUANTILE = 0.9     # >= 90% of requests at the floor
+DOWN_NOW = 0.5            # streams: x this far below the cap moves it down at once
+UP_NOW = 2.0              # streams: x this far above the cap moves it up at once ...
+CONFIRM_UP = 2            # ... else this many refits in a row must agree
+SMOOTH = 0.5              # weight of the newest refit in the intercept and the spread
+SPREAD_PRIOR = 0.05       # of the target: the spread assumed until finished requests measure it
+RATIO_RANGE = (0.5, 3.0)  # a delivery/engine ratio outside this is a broken feedback, clamped
+
+
+class StepLevels:
+    """Decayed count and sum of step seconds per batch size (decode-only steps); the slope from a
+    weighted least-squares line through the level means."""
+
+    __slots__ = ("n", "s")
+
+    def __init__(self) -> None:
+        self.n: dict[int, float] = {}
+        self.s: dict[int, float] = {}
+
+    def add(self, batch: int, seconds: float) -> None:
+        n = self.n.get(batch, 0.0)
+        if n >= MIN_LEVEL_STEPS and seconds > OUTLIER * self.s[batch] / n:
+            return  # a slow step (the tail): the anchor and the spread carry it, the slope does not
+        self.n[batch] = n + 1.0
+        self.s[batch] = self.s.get(batch, 0.0) + seconds
+
+    def decay(self, factor: float) -> None:
+        for b in list(self.n):
+            self.n[b] *= factor
+            self.s[b] *= factor
+            if self.n[b] < 0.5:
+                del self.n[b], self.s[b]
+
+    def mean(self, batch: int) -> float | None:
+        n = self.n.get(batch, 0.0)
+        return self.s[batch] / n if n >= 1.0 else None
+
+    def slope(self) -> float | None:
+        """beta of the level means, or None without two levels of MIN_LEVEL_STEPS spanning MIN_SPAN
+        streams (closer levels give a slope that is mostly noise)."""
+        pts = [(b, self.s[b] / n, min(n, LEVEL_WEIGHT_CAP)) for b, n in self.n.items() if n >= MIN_LEVEL_STEPS]
+        if len(pts) < 2 or max(p[0] for p in pts) - min(p[0] for p in pts) < MIN_SPAN:
+            return None
+        w = sum(p[2] for p in pts)
+        mb = sum(p[0] * p[2] for p in pts) / w
+        mt = sum(p[1] * p[2] for p in pts) / w
+        sbb = sum(p[2] * (p[0] - mb) ** 2 for p in pts)
+        beta = sum(p[2] * (p[0] - mb) * (p[1] - mt) for p in pts) / sbb
+        return beta if beta > 0 and math.isfinite(beta) else None
+
+
+class LoopPolicy:
+    """The admission cap as a control loop (see the module doc).  `prior`: (alpha, beta) seconds from
+    a sweep's capacity profile or a prediction, or None (a slow start)."""
+
+    name = "loop"
+
+    def __init__(self, floor: float, max_num_seqs: int, prior: tuple[float, float] | None = None,
+                 round_steps: int = ROUND_STEPS) -> None:
+        if not (isinstance(max_num_seqs, int) and max_num_seqs >= 1):
+            raise ValueError(f"max_num_seqs must be an integer >= 1, got {max_num_seqs!r}")
+        if not floor > 0:
+            raise ValueError(f"floor must be a positive tok/s, got {floor!r}")
+        self.floor = float(floor)
+        self.max_num_seqs = max_num_seqs
+        self.round_steps = int(round_steps)
+        self.levels = StepLevels()
+        self.ratio = 1.0            # delivery seconds per token / engine seconds per token
+        self.spread = 0.0           # s: p90 seconds per token of finished requests minus the mean step
+        self.finished: deque = deque(maxlen=FINISHED_KEEP)
+        self.moves = 0
+        self.x: float | None = None  # streams at the floor, from the last refit
+        self._period = [0, 0.0, 0.0]  # steps, sum of seconds, sum of batch since the last refit
+        self._bound = False           # the cap held requests back since the last refit
+        self._up_seen = 0
+        self._down_seen = 0
+        self._last_refit: float | None = None
+        self._round = [0, 0.0]        # slow start: steps at the cap this round, their seconds
+        self._spread_known = False
+        self.state = COLD
+        self.alpha = self.beta = None
+        self.cap: int | None = 1
+        if prior is not None and prior[1] > 0:  # half the prior's streams, then a round re-anchors it
+            self.alpha, self.beta = float(prior[0]), float(prior[1])
+            self.cap = max(1, self._bounded(self._streams()) // 2)
+
+    # -- what the loop observes -----------------------------------------------------------------------
+    def observe_step(self, batch: int, prefill_tokens: int, seconds: float) -> None:
+        if batch < 1 or not seconds > 0:
+            return
+        p = self._period
+        p[0] += 1
+        p[1] += seconds
+        p[2] += batch
+        if not prefill_tokens:
+            self.levels.add(batch, seconds)
+        if self.state == COLD and self.cap is not None and batch >= self.cap:
+            r = self._round
+            r[0] += 1
+            r[1] += seconds
+            if r[0] >= self.round_steps:
+                self._slow_start_round(r[1] / r[0])
+                self._round = [0, 0.0]
+
+    def observe_finished(self, seconds_per_token: float, mean_batch: float) -> None:
+        """One finished request: its engine-clock seconds per token and the mean batch of its steps."""
+        if seconds_per_token > 0 and math.isfinite(seconds_per_token) and mean_batch >= 1:
+            self.finished.append((seconds_per_token, mean_batch))
+
+    def observe_feedback(self, ratio: float) -> None:
+        if ratio > 0 and math.isfinite(ratio):
+            self.ratio = min(RATIO_RANGE[1], max(RATIO_RANGE[0], float(ratio)))
+
+    def limit(self, running: int, waiting: int) -> int | None:
+        """This step's limit: the cap, never below what runs (no preemption), never above max_num_seqs."""
+        if self.cap is None:
+            return None
+        if waiting and running >= self.cap:
+            self._bound = True
+        return min(self.max_num_seqs, max(self.cap, int(running)))
+
+    # -- the model ----------------------------------------------------------------------------------
+    @property
+    def target(self) -> float:
+        """Engine-clock seconds per token a stream may take."""
+        return 1.0 / (self.floor * self.ratio)
+
+    @property
+    def spread_in_use(self) -> float:
+        """The measured spread, or SPREAD_PRIOR of the target before requests have finished."""
+        return self.spread if self._spread_known else SPREAD_PRIOR * self.target
+
+    def _streams(self) -> float | None:
+        if self.alpha is None or not self.beta:
+            return None
+        return (self.target - self.spread_in_use - self.alpha) / self.beta
+
+    def _bounded(self, x: float | None) -> int | None:
+        if x is None:
+            return None
+        return min(self.max_num_seqs, max(1, int(math.floor(x + 1e-9))))
+
+    def _slow_start_round(self, mean_step: float) -> None:
+        """One round at the cap: double while the mean step leaves room, capped by x once a slope is
+        known; at or past the target the loop tracks."""
+        beta = self.levels.slope()
+        if beta is not None:
+            self.beta = beta
+        if self.beta is not None:
+            self.alpha = mean_step - self.beta * self.cap
+        if mean_step + self.spread_in_use > self.target:  # past the target: back, by at most half
+            x = None if self.beta is None else self._bounded(self._streams())
+            self._enter_track(max(self.cap - max(1, self.cap // 2), min(self.cap, x or 1)))
+            return
+        nxt = min(self.max_num_seqs, 2 * self.cap)
+        if self.beta is not None:
+            x = self._bounded(self._streams())
+            if x <= self.cap:
+                self._enter_track(x)
+                return
+            nxt = min(nxt, x)
+        self._set(nxt)
+
+    def _enter_track(self, cap: int) -> None:
+        self.state = TRACK
+        self._set(cap)
+
+    def _set(self, cap: int) -> None:
+        if cap != self.cap:
+            self.moves += 1
+        self.cap = cap
+        self._up_seen = self._down_seen = 0
+
+    def refit(self, now: float, ttft_streams: int | None = None) -> str | None:
+        """One refit: re-anchor the model on the period's steps, read the finished requests' spread,
+        move the cap; returns the reasons when the cap moved."""
+        if self._last_refit is not None:
+            self.levels.decay(0.5 ** ((now - self._last_refit) / LEVEL_HALFLIFE))
+        self._last_refit = now
+        n, sum_t, sum_b = self._period
+        if n < 2 * MIN_FINISHED:
+            return None  # too few steps since the last refit: keep the period open
+        self._period = [0, 0.0, 0.0]
+        bound, self._bound = self._bound, False
+        mean_t = sum_t / n
+        beta = self.levels.slope()
+        if beta is not None:
+            self.beta = beta if self.beta is None else self.beta + SMOOTH * (beta - self.beta)
+        if self.beta is None:
+            return None  # cold, one level: the slow start goes on
+        anchored = mean_t - self.beta * (sum_b / n)
+        self.alpha = anchored if self.alpha is None else self.alpha + SMOOTH * (anchored - self.alpha)
+        if len(self.finished) >= MIN_FINISHED:
+            # each request against the model's mean step at the batch it ran at: what the mean misses
+            a, b = self.alpha, self.beta
+            spread = max(0.0, quantile([t - a - b * mb for t, mb in self.finished], SPREAD_QUANTILE))
+            self.spread = self.spread_in_use + SMOOTH * (spread - self.spread_in_use)  # from the prior at first
+            self._spread_known = True
+        self.x = x = self._streams()
+        before = self.cap
+        target = self._bounded(x)
+        if ttft_streams is not None:
+            target = max(1, min(target, int(ttft_streams)))
+        cap = before if before is not None else target
+        if target < cap:
+            self._up_seen = 0
+            self._down_seen += 1
+            if x < cap - DOWN_NOW or self._down_seen >= CONFIRM_UP or (ttft_streams is not None and target == ttft_streams):
+                cap = max(target, cap - max(1, cap // 2))
+                self._down_seen = 0
+        elif target > cap and self.state == TRACK:  # cold: the slow start raises it
+            self._down_seen = 0
+            self._up_seen += 1
+            if x >= cap + UP_NOW or self._up_seen >= CONFIRM_UP:
+                cap = min(target, cap + max(2, cap // 2))
+                self._up_seen = 0
+        else:
+            self._up_seen = self._down_seen = 0
+        if cap == before:
+            return None
+        self.moves += 1
+        self.cap = cap
+        return (f"{before or 'none'} -> {cap} (streams at the floor {x:.1f}: target {self.target * 1e3:.1f} ms a "
+                f"token, mean step {self.alpha * 1e3:.1f} + {self.beta * 1e3:.2f} ms a stream, spread "
+                f"{self.spread_in_use * 1e3:.1f} ms, delivery/engine {self.ratio:.2f}; TTFT capacity {ttft_streams})")
