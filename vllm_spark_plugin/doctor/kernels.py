@@ -1,5 +1,5 @@
-"""`vllm-spark doctor`: FP4 kernels whose CUDA payload does not match the device (called from
-doctor.run_checks).
+"""`vllm-spark doctor`: FP4 kernels whose CUDA payload does not match the device (a row of
+doctor.registry).
 
 * fp4_kernel_payload - which GPU targets the FP4 kernels compiled into the installed vLLM carry
                        (its `_C`, `_moe_C` and other extensions, and FlashInfer's libraries where it

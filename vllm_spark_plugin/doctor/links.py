@@ -1,4 +1,4 @@
-"""`vllm-spark doctor`: the network links a multi-node deployment runs over (called from doctor.run_checks).
+"""`vllm-spark doctor`: the network links a multi-node deployment runs over (a row of doctor.registry).
 
 * link_named  - the interfaces NCCL_SOCKET_IFNAME, NCCL_IB_HCA, GLOO_SOCKET_IFNAME and SPARK_PLUGIN_LINKS
                 name: each must exist and be up, or NCCL fails or falls back to another interface;
@@ -76,10 +76,7 @@ def checks(env: Mapping[str, str], serve, probe, setting: str = "auto") -> list:
                            ("link_rate", _rate, (found,)),
                            ("link_pcie", _pcie, (found, log[0])),
                            ("link_flaps", _flaps, (found, log))):
-        try:
-            out.extend(fn(*args))
-        except Exception as exc:  # a broken check must not hide the others
-            out.append(d.Check(name, d.WARN, f"check could not run: {type(exc).__name__}: {exc}"))
+        out += d.contained(name, fn, *args)  # one broken check hides no other
     return out
 
 

@@ -1,4 +1,4 @@
-"""`vllm-spark doctor`: the unified-memory and silently-ignored-setting checks (called from doctor.run_checks).
+"""`vllm-spark doctor`: the unified-memory and silently-ignored-setting checks (a row of doctor.registry).
 
 * memory_startup   - what vLLM's start-up check will compare (requested utilisation x total against
                      MemFree, which is CUDA's free memory on unified memory) and the fix: drop the page
@@ -34,10 +34,7 @@ def checks(env: Mapping[str, str], serve, probe, cuda: bool) -> list:
 
     out = []
     for fn in (_memory_checks, _driver_events, _unknown_env, _cudagraph_sizes):
-        try:
-            out.extend(fn(env, serve, probe, cuda))
-        except Exception as exc:  # a broken check must not hide the others
-            out.append(d.Check(fn.__name__.strip("_"), d.WARN, f"check could not run: {type(exc).__name__}: {exc}"))
+        out += d.contained(fn.__name__.strip("_"), fn, env, serve, probe, cuda)  # one broken check hides no other
     return out
 
 
