@@ -32,35 +32,42 @@ BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 38
 STEP_TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 STEP_DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05,
                          0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0)
-# SLO-grade: TTFT SLOs must sit on a bound (0.2, 0.5, 1, 2, 3, 5 s are all bounds).
+# SLO-grade: the usual TTFT SLOs (0.2, 0.5, 1, 2, 3, 5 s) are bounds; the exporter adds the configured
+# one (`with_slo_bounds`), so any TTFT SLO is exact.
 TTFT_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 30.0, 60.0)
 # Per-stream decode rate: steps of at most ~10%, so a median read from the histogram is within a few
 # percent of the true one from 1 tok/s (a loaded Spark) to 2,000 tok/s (a tiny model on a CPU); the
-# 20 tok/s floor of seed 003 (and 5, 10, 15, 30, 40, 60) are bounds, so SLO queries are exact.
+# 20 tok/s floor of seed 003 (and 5, 10, 15, 30, 40, 60) are bounds, and the exporter adds every
+# configured floor (`with_slo_bounds`), so SLO queries are exact at any floor.
 STREAM_RATE_BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 18, 20, 22, 24, 26, 28,
                        30, 33, 36, 40, 44, 48, 52, 56, 60, 65, 70, 75, 80, 90, 100, 110, 120, 130, 140,
                        150, 165, 180, 200, 220, 240, 260, 280, 300, 330, 360, 400, 440, 480, 520, 560,
                        600, 650, 700, 750, 800, 900, 1000, 1100, 1200, 1350, 1500, 1750, 2000)
 
 
+def with_slo_bounds(defaults: Sequence[float], thresholds: Iterable[float]) -> tuple[float, ...]:
+    """A histogram's bucket bounds with the SLO thresholds added: sorted, duplicates dropped.  The
+    exporter's histograms and the generated rules' `le` selectors both come from these values."""
+    return tuple(sorted({float(b) for b in defaults} | {float(t) for t in thresholds}))
+
+
+def floor_label(floor: float) -> str:
+    """A floor as a `floor` label value and key: 20.0 -> '20', 12.5 -> '12.5'; never rounded, so two
+    floors never share a label (`repr` where six significant digits would lose the value)."""
+    f = float(floor)
+    text = f"{f:g}"
+    return text if float(text) == f else repr(f)
+
+
 # --------------------------------------------------------------------------------------------------
-# The SLO rule: one check for the exporter's settings and the dashboard/rule generator.  A histogram
-# SLO is exact only when its threshold is a bucket bound (error ratio = 1 - bucket{le=T} / count),
-# so the TTFT SLO must be one of TTFT_BUCKETS and each floor one of STREAM_RATE_BUCKETS.
+# The SLO rule: one check for the exporter's settings and the dashboard/rule generator.  Any positive,
+# finite TTFT SLO and floor is an SLO: the per-request SLO counters judge each request exactly, and the
+# histogram-based rules (error ratio = 1 - bucket{le=T} / count) are exact because the exporter makes
+# each configured value a bucket bound (`with_slo_bounds`), so the rules generated with the same values
+# select buckets that exist.
 class SLOError(ValueError):
-    """An SLO threshold the exporter, the dashboards and the rules cannot all use; the message says
-    the fix, and the caller prefixes the setting or flag and the value it came from."""
-
-
-def _on_bound(value: float, bounds) -> bool:
-    return any(math.isclose(value, b, rel_tol=0, abs_tol=1e-12) for b in bounds)
-
-
-def _nearest(v: float, bounds) -> str:
-    below = [b for b in bounds if b < v]
-    above = [b for b in bounds if b > v]
-    near = ([f"{below[-1]:g}"] if below else []) + ([f"{above[0]:g}"] if above else [])
-    return " or ".join(near)
+    """An SLO threshold the exporter, the dashboards and the rules cannot use; the message says the
+    fix, and the caller prefixes the setting or flag and the value it came from."""
 
 
 def _positive_number(raw, what: str) -> float:
@@ -76,31 +83,37 @@ def _positive_number(raw, what: str) -> float:
 
 
 def check_ttft_slo(raw) -> float:
-    """The TTFT SLO in seconds: positive, finite and a TTFT bucket bound."""
-    v = _positive_number(raw, "a positive number of seconds")
-    if not _on_bound(v, TTFT_BUCKETS):
-        raise SLOError(f"not a TTFT histogram bucket bound, so the SLO could not be computed exactly; use "
-                       f"{_nearest(v, TTFT_BUCKETS)} (bounds: {', '.join(f'{b:g}' for b in TTFT_BUCKETS)})")
-    return v
+    """The TTFT SLO in seconds: a positive, finite number."""
+    return _positive_number(raw, "a positive number of seconds, e.g. 2")
 
 
 def check_floor(raw) -> float:
-    """One per-stream floor in tok/s: positive, finite and a per-stream-rate bucket bound."""
-    v = _positive_number(raw, "a positive tok/s value")
-    if not _on_bound(v, STREAM_RATE_BUCKETS):
-        raise SLOError(f"not a per-stream-rate histogram bucket bound, so the SLO could not be computed "
-                       f"exactly; use {_nearest(v, STREAM_RATE_BUCKETS)} (bounds: 1 to 16 in steps of 1, then "
-                       "steps of at most 10% up to 2000: metrics.names.STREAM_RATE_BUCKETS)")
-    return v
+    """One per-stream floor in tok/s: a positive, finite number."""
+    return _positive_number(raw, "a positive number of tok/s, e.g. 20")
 
 
-def check_floors(raw) -> tuple[float, ...]:
-    """Comma-separated (or a list of) floors, each as `check_floor`; sorted, duplicates dropped."""
+def check_floors(raw, dropped: list | None = None) -> tuple[float, ...]:
+    """Comma-separated (or a list of) floors, each as `check_floor`; sorted, duplicates dropped.
+
+    With `dropped` (a list), each bad item is named there with the fix and the others are kept;
+    without it the first bad item raises.  Raises SLOError when no floor is left.
+    """
     items = raw if isinstance(raw, (list, tuple)) else str(raw).split(",")
-    vals = tuple(sorted({check_floor(x) for x in items if str(x).strip()}))
+    vals, bad = set(), []
+    for item in (x for x in items if str(x).strip()):
+        try:
+            vals.add(check_floor(item))
+        except SLOError as exc:
+            bad.append(f"floor {str(item).strip()!r}: {exc}")
+            if dropped is None:
+                break
+    if bad and (dropped is None or not vals):
+        raise SLOError("; ".join(bad))
     if not vals:
-        raise SLOError("expected comma-separated positive tok/s values")
-    return vals
+        raise SLOError("expected comma-separated positive tok/s values, e.g. 20,60")
+    if dropped is not None:
+        dropped.extend(bad)
+    return tuple(sorted(vals))
 
 
 def _finite(x) -> bool:

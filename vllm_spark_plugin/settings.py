@@ -3,7 +3,8 @@ here, the latency SLO by the same rule the dashboard and alert generator uses
 (`definitions.check_ttft_slo` / `check_floors`).
 
 Precedence: environment variable > file named by SPARK_PLUGIN_CONFIG (JSON or YAML) > default.  A bad
-value is reported once, by name, with the fix, and the default is kept: settings never stop vLLM.  The
+value is reported once, by name, with the fix, and the default is kept (in a list of floors, the bad
+items are named and the others kept): settings never stop vLLM.  The
 problems found are kept on the loaded object (`Settings.problems`) so that `vllm-spark doctor` shows
 the same ones the server logged.
 
@@ -19,6 +20,7 @@ import json
 import logging
 import os
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from vllm_spark_plugin.common.link_sources import INTERFACE_NAME, MAX_INTERFACES
 from vllm_spark_plugin.common.memory_sources import KMSG_PATH
@@ -42,9 +44,10 @@ class Settings:
     disable: bool = False
     # scheduler hook in the engine-core process: exact step time, prefill/decode split, KV blocks
     scheduler_hook: bool = True
-    # per-stream decode-rate floors (tok/s) for capacity_streams and the SLO; seed 003 uses 20
+    # per-stream decode-rate floors (tok/s) for capacity_streams and the SLO, each a bound of the
+    # per-stream-rate histograms; seed 003 uses 20
     floors: tuple[float, ...] = (DEFAULT_FLOOR_TOKENS_PER_SECOND,)
-    # TTFT SLO (seconds) requests are judged by; a TTFT bucket bound
+    # TTFT SLO (seconds) requests are judged by; any positive value (a bound of the TTFT histogram)
     ttft_slo_seconds: float = DEFAULT_TTFT_SLO_SECONDS
     # online knee estimator: steps kept, the half-life that forgets old steps, the refit period
     knee_window: int = 4096
@@ -179,7 +182,19 @@ def _slo(check):
     return parse
 
 
-PARSERS = {"disable": _bool, "scheduler_hook": _bool, "floors": _slo(check_floors),
+class _Kept(NamedTuple):
+    """A parsed value that kept the good items of the given list: `load` names the dropped ones."""
+    value: object
+    dropped: tuple[str, ...]
+
+
+def _floors(raw):
+    dropped: list[str] = []
+    floors = _slo(lambda r: check_floors(r, dropped))(raw)
+    return _Kept(floors, tuple(dropped)) if dropped else floors
+
+
+PARSERS = {"disable": _bool, "scheduler_hook": _bool, "floors": _floors,
            "ttft_slo_seconds": _slo(check_ttft_slo), "knee_window": _positive_int,
            "knee_halflife_seconds": _positive_float, "knee_refit_seconds": _positive_float,
            "profile": str, "hardware_interval_seconds": _positive_float, "otel_endpoint": str,
@@ -233,10 +248,16 @@ def load(environ=None, announce: bool = True) -> Settings:
             unknown[name] = raw
             continue
         try:
-            out[name] = parse(raw)
+            value = parse(raw)
         except (TypeError, ValueError) as exc:
             problems.append(f"setting {ENV_PREFIX}{name.upper()}={raw!r}: {exc}; using the default "
                             f"{_text(getattr(defaults, name))}")
+            continue
+        if isinstance(value, _Kept):  # one bad item of a list: named, the others kept
+            problems.append(f"setting {ENV_PREFIX}{name.upper()}={raw!r}: {'; '.join(value.dropped)}; "
+                            f"kept {_text(value.value)}")
+            value = value.value
+        out[name] = value
     if unknown:
         problems.append("unknown settings in the settings file ignored: " + ", ".join(sorted(unknown)))
     if announce:

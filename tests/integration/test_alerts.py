@@ -118,11 +118,13 @@ def test_burn_rate_thresholds_follow_the_slo_target():
     assert "ratio_rate1h > 0.0144" in expr and "ratio_rate6h > 0.006" in expr
 
 
-def test_slo_thresholds_must_sit_on_bucket_bounds():
-    with pytest.raises(SLOError, match="--ttft-slo 2.5"):
-        SLOConfig(ttft_slo_seconds=2.5).validate()
-    with pytest.raises(SLOError, match="--floor 17"):
-        SLOConfig(floor_tokens_per_second=17).validate()
+def test_slo_thresholds_are_any_positive_number():
+    """Off the default bucket bounds too: the server adds its SLO values to its histograms' bounds."""
+    SLOConfig(ttft_slo_seconds=2.5, floor_tokens_per_second=17).validate()
+    with pytest.raises(SLOError, match="--ttft-slo -2.5: expected a positive number of seconds"):
+        SLOConfig(ttft_slo_seconds=-2.5).validate()
+    with pytest.raises(SLOError, match="--floor 0: expected a positive number of tok/s"):
+        SLOConfig(floor_tokens_per_second=0).validate()
     with pytest.raises(SLOError, match="--ttft-slo-target 0.9"):
         SLOConfig(ttft_slo_target=0.9).validate()  # 14.4 x 10% > 1: the page could never fire
     with pytest.raises(SLOError, match="--knee-warn"):

@@ -186,10 +186,10 @@ def test_cli_writes_checks_and_rejects(tmp_path, capsys):
     (out / "vllm-spark-power.json").write_text("{}\n")
     assert cli.run(check) == 1
     assert "vllm-spark-power.json" in capsys.readouterr().err
-    bad = parser.parse_args(["--out", str(out), "--ttft-slo", "2.5"])
+    bad = parser.parse_args(["--out", str(out), "--alerts-out", str(alerts), "--ttft-slo", "0"])
     assert cli.run(bad) == 2
     err = capsys.readouterr().err
-    assert "--ttft-slo 2.5" in err and "bucket bound" in err
+    assert "--ttft-slo 0" in err and "positive number of seconds" in err
 
 
 def test_vllm_spark_dashboards_check_passes_on_the_repository():

@@ -21,9 +21,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="directory for recording.rules.yml and alerting.rules.yml (default: %(default)s); "
                              "'-' skips the rules")
     parser.add_argument("--ttft-slo", type=float, default=d.ttft_slo_seconds, metavar="SECONDS",
-                        help="TTFT SLO threshold, a TTFT bucket bound (default: %(default)g)")
+                        help="TTFT SLO threshold, any positive number; serve with the same SPARK_PLUGIN_TTFT_SLO_SECONDS so "
+                             "the TTFT histogram has that bound (default: %(default)g)")
     parser.add_argument("--floor", type=float, default=d.floor_tokens_per_second, metavar="TOK_S",
-                        help="per-stream decode-rate floor, a stream-rate bucket bound (default: %(default)g)")
+                        help="per-stream decode-rate floor, any positive number; serve with it among SPARK_PLUGIN_FLOORS so "
+                             "the rate histogram has that bound (default: %(default)g)")
     parser.add_argument("--knee-warn", type=float, default=d.knee_warn, metavar="RATIO",
                         help="knee ratio shown amber and the 'approaching knee' alert (default: %(default)g)")
     parser.add_argument("--knee-crit", type=float, default=d.knee_crit, metavar="RATIO",

@@ -99,7 +99,7 @@ def serving(slo: SLOConfig) -> dict:
                                   [Q(q.fleet_capacity(floor, S))], "short", decimals=0))
     d = d.with_panel(P.stat_panel("TTFT p99", f"99th percentile time to first token from vllm_spark_ttft_seconds. Red past the {slo.ttft_slo_seconds:g} s SLO.",
                                   [Q(q.hist_quantile(0.99, N.TTFT, R, base=S))], "s", steps=_ttft_steps(slo)))
-    d = d.with_panel(P.stat_panel(f"TTFT <= {slo.ttft_slo_seconds:g} s", f"Share of requests whose TTFT met the SLO (exact: the SLO is a bucket bound). Green from the {slo.ttft_slo_target:g} target.",
+    d = d.with_panel(P.stat_panel(f"TTFT <= {slo.ttft_slo_seconds:g} s", f"Share of requests whose TTFT met the SLO (exact: the server adds its TTFT SLO to the histogram's bounds). Green from the {slo.ttft_slo_target:g} target.",
                                   [Q(q.share_at_or_below(N.TTFT, slo.ttft_slo_seconds, R, base=S))], "percentunit",
                                   steps=((None, "red"), (slo.ttft_slo_target, "green")), decimals=2))
 

@@ -9,7 +9,8 @@ Recording rules are named `level:metric:operations` (Prometheus naming practice)
 SLO alerts follow the multiwindow, multi-burn-rate recipe of the SRE workbook (chapter 5): page when
 2% of the 30-day budget burns in 1 h (14.4x, confirmed over 5 m) or 5% in 6 h (6x, confirmed over
 30 m); ticket when 10% burns in 3 d (1x, confirmed over 6 h).  Error ratios are computed from
-histogram buckets, exactly, because the thresholds sit on bucket bounds (see slo.py).
+histogram buckets, exactly: the server adds its floors and TTFT SLO to the histograms' bucket
+bounds, so a rule generated with the same values selects a bucket that exists (see slo.py).
 """
 from __future__ import annotations
 

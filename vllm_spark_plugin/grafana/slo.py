@@ -1,8 +1,10 @@
 """The user's SLOs and thresholds, shared by the dashboards and the alert rules.
 
 The TTFT SLO and the floor are checked by the SLO rule the exporter's settings use too
-(`definitions.check_ttft_slo` / `check_floor`: on a histogram bucket bound, so the SLO queries are
-exact), so the SLO the rules are generated from is one the exporter accepts, and the reverse.
+(`definitions.check_ttft_slo` / `check_floor`: any positive, finite number), so the SLO the rules are
+generated from is one the exporter accepts, and the reverse.  The server makes its TTFT SLO and each of
+its floors a histogram bucket bound, so the rules' `le` selectors are exact when they are generated
+with the values the server runs with (`SPARK_PLUGIN_TTFT_SLO_SECONDS`, one of `SPARK_PLUGIN_FLOORS`).
 `SLOError` is re-exported here for the generator's callers.
 """
 from __future__ import annotations

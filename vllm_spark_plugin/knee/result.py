@@ -9,6 +9,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..definitions import floor_label
+
 VERDICT_OK = "ok"
 VERDICT_NO_KNEE = "no knee in the measured range"
 VERDICT_RETROGRADE = "retrograde"
@@ -34,8 +36,8 @@ def finite_or_none(x: Any) -> float | None:
 
 
 def floor_key(floor: float) -> str:
-    """Floors as dictionary keys / label values: 20.0 -> '20', 12.5 -> '12.5'."""
-    return f"{float(floor):g}"
+    """Floors as dictionary keys / label values: 20.0 -> '20', 12.5 -> '12.5' (`definitions.floor_label`)."""
+    return floor_label(floor)
 
 
 def _clean(obj: Any) -> Any:

@@ -23,7 +23,8 @@ class Exporter:
         self.settings = settings
         self.model = model
         self.hook_steps = hook_steps
-        self.ins = instruments.get() if registry is None else instruments.Instruments(registry)
+        slo = dict(floors=settings.floors, ttft_slo_seconds=settings.ttft_slo_seconds)  # bucket bounds too
+        self.ins = instruments.get(**slo) if registry is None else instruments.Instruments(registry, **slo)
         self.engines: dict[int, EngineState] = {}
         self._lock = threading.Lock()
         self.total_blocks: int | None = None

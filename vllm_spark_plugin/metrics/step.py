@@ -20,6 +20,15 @@ class InvalidStep(ValueError):
     """A record with a negative time or count: dropped and counted, never recorded."""
 
 
+# Adding a per-step field (six places; docs/architecture.md, "The metrics core, per step"):
+#   1. hooks/scheduler.py: measure it and pass it to `HookStep(...)`;
+#   2. here: the field (a NOT_COUNTED default when a record may lack it), the count in `LAYOUT`, and
+#      its check in `from_wire` when a negative value is invalid;
+#   3. metrics/names.py: its one `_metric(...)` declaration (name, kind, attribute, labels, help,
+#      buckets; `per_engine=True` makes `EngineChildren` cache its child), which also creates it;
+#   4. metrics/engine.py: the line of `EngineState.record_step` that writes it;
+#   5. grafana/dashboards.py: its panel (then `vllm-spark dashboards` regenerates dashboards/);
+#   6. docs/metrics.md: its row of the metric contract.
 class HookStep(NamedTuple):
     engine: int          # data-parallel rank of the engine core
     step_us: int         # wall time of the step, microseconds
