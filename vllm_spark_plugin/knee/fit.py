@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -249,50 +249,107 @@ def _clean_floors(floors: Iterable[Any], notes: list[str]) -> list[float]:
     return out
 
 
+class _Quality(NamedTuple):
+    r2: float | None
+    dof: int                     # residual degrees of freedom (<= 0: exactly determined)
+    mare: float                  # median absolute relative residual
+    n_outliers: int
+
+
+class _Estimate(NamedTuple):
+    theta: np.ndarray            # the model's coefficients, beta zeroed when unresolved
+    alpha: float
+    beta: float
+    knee: float
+    plateau: float
+    capacity: dict[float, float]  # floor -> continuous capacity (before flooring and the TTFT bound)
+
+
 def _fit_core(data: _Data, *, source: str, floors: list[float], notes: list[str],
               n_input: int, n_dropped: int, concurrencies: Sequence[float] | None,
               ttft: list[tuple[float, float]], ttft_slo: float | None, bootstrap: int,
               seed: int, ci_level: float, points: Sequence[SweepPoint] | None) -> KneeResult:
-    x, y, p, w = data.x, data.y, data.p, data.w
-    tps = data.tps
-    base = dict(source=source, n_input=n_input, n_dropped=n_dropped, tokens_per_step=tps,
+    """The fit, step by step; each step appends its notes in this order."""
+    x = data.x
+    base = dict(source=source, n_input=n_input, n_dropped=n_dropped, tokens_per_step=data.tps,
                 notes=notes, levels=int(np.unique(x).size), n=int(x.size),
                 max_measured=float(x.max()))
-    nonneg = [0, 1] + ([2] if p is not None else [])
-    model = _fit_constrained(_design(x, p, MODEL_LINEAR), y, w, MODEL_LINEAR, nonneg)
+    # 1. The linear model, robustly, with physical signs.
+    model, gamma = _fit_linear(data, notes)
     if model is None:
         return KneeResult(verdict=VERDICT_INVALID, notes=notes + ["the robust fit found no solution"],
                           **{k: v for k, v in base.items() if k != "notes"})
+    # 2. Retrograde?  The Universal Scalability Law replaces it when the aggregate falls in range.
+    model, gamma, usl = _retrograde(data, model, gamma, base["levels"], base["max_measured"], notes)
+    # 3. How well it fits.
+    quality = _quality(data, model, notes)
+    # 4. Point estimates: alpha, beta, knee, plateau, capacity per floor.
+    est = _estimate(data, model, floors, notes)
+    # 5. The TTFT bound, then 6. capacity per floor under both.
+    ttft_cap = _ttft_cap(ttft, ttft_slo, notes)
+    capacity = _capacity(floors, est.capacity, ttft_cap, base["max_measured"], notes)
+    # 7. The verdict.
+    verdict, knee, plateau, extrapolated = _verdict(model, est, base["max_measured"], notes)
+    # 8. The fitted curves, 9. the bootstrap intervals, 10. the capacity the sweep measured.
+    curves = _curves(source, x, est.theta, model.kind, data.tps, concurrencies, base["max_measured"])
+    ci = _bootstrap(data, model, floors, ttft_cap, bootstrap, seed, ci_level, quality.dof)
+    cap_measured = {}
+    if points is not None:
+        for f in floors:
+            cap_measured[floor_key(f)] = capacity_at_floor(points, f, ttft_slo)
+
+    return KneeResult(
+        verdict=verdict, model=model.kind, alpha_seconds=est.alpha, beta_seconds=est.beta,
+        gamma_seconds_per_prefill_token=gamma, knee=knee, plateau_tokens_per_second=plateau,
+        capacity=capacity, capacity_measured=cap_measured, ttft_slo_seconds=ttft_slo,
+        capacity_ttft_bound=ttft_cap, curves=curves, r2=quality.r2, median_abs_rel_residual=quality.mare,
+        n_outliers=quality.n_outliers, extrapolated=extrapolated, ci=ci, usl=usl, **base)
+
+
+def _fit_linear(data: _Data, notes: list[str]) -> tuple[_Model | None, float | None]:
+    """Step 1: t = alpha + beta*x (+ gamma*p) with alpha, beta, gamma >= 0; (model, gamma)."""
+    p = data.p
+    nonneg = [0, 1] + ([2] if p is not None else [])
+    model = _fit_constrained(_design(data.x, p, MODEL_LINEAR), data.y, data.w, MODEL_LINEAR, nonneg)
+    if model is None:
+        return None, None
     gamma = float(model.theta[2]) if p is not None else None
     if p is not None and 2 not in model.active:
         notes.append("prefill tokens showed no cost per token (gamma fixed at 0)")
+    return model, gamma
 
-    # Retrograde?  The USL (which contains the linear model as kappa = 0) is the reference: its
-    # outlier flags decide which observations count, and its noise scale how big a drop is real.
-    usl = None
-    if base["levels"] >= 3:
-        p_cols = [3] if p is not None else []
-        usl_model = _fit_constrained(_design(x, p, MODEL_USL), y, w, MODEL_USL, [1, 2] + p_cols)
-        if usl_model is not None:
-            drop, lmin = _level_drop(data, usl_model)
-            noise = usl_model.scale / math.sqrt(max(lmin, 1))
-            if drop >= max(RETROGRADE_MIN_DROP, 3.0 * noise):
-                params = _usl_params(usl_model.theta, tps) if 2 in usl_model.active else {}
-                peak = params.get("peak_concurrency")
-                if peak is not None and peak < base["max_measured"]:
-                    model, usl = usl_model, params
-                    if p is not None:
-                        gamma = float(model.theta[3])
-                else:
-                    notes.append(f"the aggregate at the largest concurrency is {drop:.0%} below its "
-                                 "peak, but the Universal Scalability Law puts no peak inside the "
-                                 "measured range; linear model kept")
 
-    theta = model.theta
-    resid_w = w * model.robust_weights
-    X_full = _design(x, p, model.kind)
-    yhat = X_full @ theta
-    r2 = weighted_r2(y, yhat, resid_w)
+def _retrograde(data: _Data, model: _Model, gamma: float | None, levels: int, max_measured: float,
+                notes: list[str]) -> tuple[_Model, float | None, dict | None]:
+    """Step 2: (model, gamma, USL parameters or None).  The USL (which contains the linear model as
+    kappa = 0) is the reference: its outlier flags decide which observations count, and its noise
+    scale how big a drop is real.  It replaces the linear model only with its peak inside the range."""
+    if levels < 3:
+        return model, gamma, None
+    p = data.p
+    p_cols = [3] if p is not None else []
+    usl_model = _fit_constrained(_design(data.x, p, MODEL_USL), data.y, data.w, MODEL_USL, [1, 2] + p_cols)
+    if usl_model is None:
+        return model, gamma, None
+    drop, lmin = _level_drop(data, usl_model)
+    noise = usl_model.scale / math.sqrt(max(lmin, 1))
+    if drop < max(RETROGRADE_MIN_DROP, 3.0 * noise):
+        return model, gamma, None
+    params = _usl_params(usl_model.theta, data.tps) if 2 in usl_model.active else {}
+    peak = params.get("peak_concurrency")
+    if peak is not None and peak < max_measured:
+        return usl_model, (float(usl_model.theta[3]) if p is not None else gamma), params
+    notes.append(f"the aggregate at the largest concurrency is {drop:.0%} below its "
+                 "peak, but the Universal Scalability Law puts no peak inside the "
+                 "measured range; linear model kept")
+    return model, gamma, None
+
+
+def _quality(data: _Data, model: _Model, notes: list[str]) -> _Quality:
+    """Step 3: weighted R^2 (None when exactly determined), residual dof, outliers rejected."""
+    x, y, w = data.x, data.y, data.w
+    yhat = _design(x, data.p, model.kind) @ model.theta
+    r2 = weighted_r2(y, yhat, w * model.robust_weights)
     dof = x.size - len(model.active)
     if dof <= 0:
         r2 = None
@@ -302,46 +359,60 @@ def _fit_core(data: _Data, *, source: str, floors: list[float], notes: list[str]
     n_out = int(np.sum((model.robust_weights <= 0) & (w > 0)))
     if n_out:
         notes.append(f"{n_out} observation(s) rejected as outliers by the robust fit")
+    return _Quality(r2, dof, mare, n_out)
 
-    # Point estimates.
+
+def _estimate(data: _Data, model: _Model, floors: list[float], notes: list[str]) -> _Estimate:
+    """Step 4: the point estimates; a linear slope too small to resolve counts as beta = 0."""
+    theta, tps = model.theta, data.tps
     if model.kind == MODEL_LINEAR:
         alpha, beta = float(theta[0]), float(theta[1])
-        if _unresolved_beta(alpha, beta, float(x.min()), base["max_measured"]):
+        if _unresolved_beta(alpha, beta, float(data.x.min()), float(data.x.max())):
             notes.append(f"step time grows by less than {UNRESOLVED_GROWTH:.0%} across the measured "
                          "range: beta is treated as 0")
             beta = 0.0
             theta = theta.copy()
             theta[1] = 0.0
         knee_a, plat_a, caps_a = _linear_derived(np.array([alpha]), np.array([beta]), tps, floors)
-        knee, plateau = float(knee_a[0]), float(plat_a[0])
-        cap_cont = {f: float(caps_a[f][0]) for f in floors}
-    else:
-        n_star, x_star, al, be, caps_a = _usl_derived(theta[None, :], tps, floors)
-        knee, plateau, alpha, beta = float(n_star[0]), float(x_star[0]), float(al[0]), float(be[0])
-        cap_cont = {f: float(caps_a[f][0]) for f in floors}
+        return _Estimate(theta, alpha, beta, float(knee_a[0]), float(plat_a[0]),
+                         {f: float(caps_a[f][0]) for f in floors})
+    n_star, x_star, al, be, caps_a = _usl_derived(theta[None, :], tps, floors)
+    return _Estimate(theta, float(al[0]), float(be[0]), float(n_star[0]), float(x_star[0]),
+                     {f: float(caps_a[f][0]) for f in floors})
 
-    # TTFT bound.
-    ttft_cap = None
-    if ttft_slo is not None:
-        ttft_cap, why = _ttft_bound(ttft, ttft_slo)
-        if why:
-            notes.append(why)
 
+def _ttft_cap(ttft: list[tuple[float, float]], ttft_slo: float | None, notes: list[str]) -> int | None:
+    """Step 5: the highest concurrency within the TTFT SLO (None: no SLO, or never exceeded)."""
+    if ttft_slo is None:
+        return None
+    cap, why = _ttft_bound(ttft, ttft_slo)
+    if why:
+        notes.append(why)
+    return cap
+
+
+def _capacity(floors: list[float], continuous: dict[float, float], ttft_cap: int | None, max_measured: float,
+              notes: list[str]) -> dict[str, int | None]:
+    """Step 6: streams per floor, floored to a count and bounded by the TTFT cap."""
     capacity: dict[str, int | None] = {}
     for f in floors:
-        c = _floor_count(cap_cont[f])
-        if c is None and cap_cont[f] == math.inf:
+        c = _floor_count(continuous[f])
+        if c is None and continuous[f] == math.inf:
             notes.append(f"per-stream rate never falls to {f:g} tok/s under the fitted model: "
                          "capacity at that floor is unbounded (reported as unknown)")
         if ttft_cap is not None:
             c = ttft_cap if c is None else min(c, ttft_cap)
-        if c is not None and c > base["max_measured"]:
+        if c is not None and c > max_measured:
             notes.append(f"capacity {c} at {f:g} tok/s lies beyond the largest measured "
-                         f"concurrency {base['max_measured']:g}: an extrapolation")
+                         f"concurrency {max_measured:g}: an extrapolation")
         capacity[floor_key(f)] = c
+    return capacity
 
-    # Verdict.
-    extrapolated = False
+
+def _verdict(model: _Model, est: _Estimate, max_measured: float,
+             notes: list[str]) -> tuple[str, float | None, float | None, bool]:
+    """Step 7: (verdict, knee, plateau, extrapolated); no knee reports neither knee nor plateau."""
+    knee, plateau, extrapolated = est.knee, est.plateau, False
     if model.kind == MODEL_USL:
         verdict = VERDICT_RETROGRADE
         notes.append(f"retrograde: aggregate throughput falls at high concurrency; Universal "
@@ -352,51 +423,42 @@ def _fit_core(data: _Data, *, source: str, floors: list[float], notes: list[str]
         notes.append("step time does not grow with the batch (beta = 0): throughput is still "
                      "rising linearly, no plateau or knee in the measured range")
         knee = plateau = None
-    elif knee > base["max_measured"]:
+    elif knee > max_measured:
         verdict = VERDICT_NO_KNEE
         extrapolated = True
         notes.append(f"knee {knee:.3g} lies beyond the largest measured concurrency "
-                     f"{base['max_measured']:g}: the estimate is an extrapolation")
+                     f"{max_measured:g}: the estimate is an extrapolation")
     else:
         verdict = VERDICT_OK
-    if alpha is not None and model.kind == MODEL_LINEAR and 0 not in model.active:
+    if model.kind == MODEL_LINEAR and 0 not in model.active:
         notes.append("no fixed cost per step resolved (alpha fixed at 0): the curve is at its "
                      "plateau from the smallest batch")
+    return verdict, knee, plateau, extrapolated
 
-    # Curves.
+
+def _curves(source: str, x: np.ndarray, theta: np.ndarray, kind: str, tps: float,
+            concurrencies: Sequence[float] | None, max_measured: float) -> dict[str, list]:
+    """Step 8: step time, per-stream and aggregate rate on the requested grid (default: the sweep's
+    levels, or powers of two up to the largest batch)."""
     if concurrencies is None:
         if source == "sweep":
             grid = sorted(set(float(v) for v in x))
         else:
-            top = max(base["max_measured"], 1.0)
+            top = max(max_measured, 1.0)
             grid = [float(2 ** k) for k in range(0, int(math.ceil(math.log2(top))) + 1)]
     else:
         grid = [float(v) for v in concurrencies if finite_or_none(v) is not None and float(v) > 0]
     g = np.array(grid, dtype=float)
-    if model.kind == MODEL_LINEAR:
+    if kind == MODEL_LINEAR:
         t_grid = theta[0] + theta[1] * g
     else:
         t_grid = theta[0] + theta[1] * (g - 1) + theta[2] * g * (g - 1)
     with np.errstate(divide="ignore", invalid="ignore"):
         per_stream = np.where(t_grid > 0, tps / t_grid, np.nan)
-    curves = {"concurrency": grid,
-              "step_seconds": [finite_or_none(v) for v in t_grid],
-              "per_stream_tokens_per_second": [finite_or_none(v) for v in per_stream],
-              "aggregate_tokens_per_second": [finite_or_none(v) for v in per_stream * g]}
-
-    ci = _bootstrap(data, model, floors, ttft_cap, bootstrap, seed, ci_level, dof)
-
-    cap_measured = {}
-    if points is not None:
-        for f in floors:
-            cap_measured[floor_key(f)] = capacity_at_floor(points, f, ttft_slo)
-
-    return KneeResult(
-        verdict=verdict, model=model.kind, alpha_seconds=alpha, beta_seconds=beta,
-        gamma_seconds_per_prefill_token=gamma, knee=knee, plateau_tokens_per_second=plateau,
-        capacity=capacity, capacity_measured=cap_measured, ttft_slo_seconds=ttft_slo,
-        capacity_ttft_bound=ttft_cap, curves=curves, r2=r2, median_abs_rel_residual=mare,
-        n_outliers=n_out, extrapolated=extrapolated, ci=ci, usl=usl, **base)
+    return {"concurrency": grid,
+            "step_seconds": [finite_or_none(v) for v in t_grid],
+            "per_stream_tokens_per_second": [finite_or_none(v) for v in per_stream],
+            "aggregate_tokens_per_second": [finite_or_none(v) for v in per_stream * g]}
 
 
 def _empty_ci(floors: Sequence[float], level: float, why: str | None = None) -> dict[str, Any]:

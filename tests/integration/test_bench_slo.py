@@ -5,7 +5,8 @@ The fake's engine (testbed/fake_server.py): a step with b running streams takes 
 gives each one token; with max_batch 4, streams beyond the fourth queue for a whole batch, so
 their TTFT is long.  alpha 1 ms, beta 5 ms: 167 tok/s at 1 stream, 91 at 2, 48 at 4 and up, so a
 floor of 65 tok/s is met at 1 stream with a wide margin and missed from 4 on (a busy machine only
-makes streams slower, never faster).
+makes streams slower, never faster).  Each run measures on the wall clock for seconds, so this is
+not a unit test.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ TTFT, FLOOR, E2E = 0.3, 65.0, 5.0
 
 
 @pytest.fixture
-def fake():
+def served():
     srv = FakeServer(FakeConfig(alpha=0.001, beta=0.005, max_batch=4)).start()
     yield srv
     srv.stop()
@@ -43,9 +44,9 @@ def outcome_from_stream_row(r: dict) -> str:
     return o
 
 
-def test_goodput_and_attainment_equal_what_streams_csv_gives(fake, tmp_path, capsys):
+def test_goodput_and_attainment_equal_what_streams_csv_gives(served, tmp_path, capsys):
     out = tmp_path / "run"
-    rc = vllm_spark(["bench", "--quiet", "--endpoint", fake.base_url, "--levels", "1,2,4,8", "--trials", "2",
+    rc = vllm_spark(["bench", "--quiet", "--endpoint", served.base_url, "--levels", "1,2,4,8", "--trials", "2",
                      "--workload", "code", "--output-tokens", "20", "--slo-ttft", str(TTFT), "--slo-floor", str(FLOOR),
                      "--slo-e2e", str(E2E), "--out", str(out)])
     assert rc == 0
@@ -93,9 +94,9 @@ def test_goodput_and_attainment_equal_what_streams_csv_gives(fake, tmp_path, cap
     assert "SLO attainment %" in html and "goodput tok/s" in html and "Latency SLO" in html
 
 
-def test_no_slo_options_leave_the_slo_columns_empty(fake, tmp_path):
+def test_no_slo_options_leave_the_slo_columns_empty(served, tmp_path):
     out = tmp_path / "run"
-    assert vllm_spark(["bench", "--quiet", "--endpoint", fake.base_url, "--levels", "1", "--trials", "1",
+    assert vllm_spark(["bench", "--quiet", "--endpoint", served.base_url, "--levels", "1", "--trials", "1",
                        "--no-warmup", "--output-tokens", "8", "--out", str(out)]) == 0
     row = next(csv.DictReader(open(out / "sweep.csv")))
     assert row["slo_attainment"] == row["goodput_tps"] == row["slo_met"] == ""
