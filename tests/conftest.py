@@ -141,6 +141,23 @@ def slo_boundary_server(tiny_model_path, artifacts_dir):
     server.stop()
 
 
+# A floor no stream of the tiny model reaches: the guard's cap sits at its minimum, one stream, so
+# admissions are one at a time (test_guard_served.py).
+PRIORITY_GUARD_FLOOR = "2000"
+
+
+@pytest.fixture(scope="module")
+def priority_guard_server(tiny_model_path, artifacts_dir):
+    """A plugin server with vLLM's priority scheduling and the admission guard at a floor that binds
+    (test_guard_served.py).  Stopped after its module, so no later timing test shares the cores."""
+    server = _start(tiny_model_path, artifacts_dir, "vllm-server-priority-guard",
+                    extra_args=["--scheduling-policy", "priority"],
+                    env={"SPARK_PLUGIN_GUARD": "admission", "SPARK_PLUGIN_FLOORS": PRIORITY_GUARD_FLOOR,
+                         "SPARK_PLUGIN_KNEE_REFIT_SECONDS": "2"})
+    yield server
+    server.stop()
+
+
 @pytest.fixture(scope="session")
 def vllm_server_pair(vllm_server, second_vllm_server):
     return vllm_server, second_vllm_server
