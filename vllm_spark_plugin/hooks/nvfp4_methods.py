@@ -15,6 +15,7 @@ from vllm.model_executor.parameter import ModelWeightParameter, PerTensorScalePa
 from vllm.model_executor.utils import replace_parameter
 
 from vllm_spark_plugin.quant import nvfp4 as fmt
+from vllm_spark_plugin.vllm import quirks
 from vllm_spark_plugin.vllm.capabilities import (
     modelopt_linear_method_class,
     moe_layer_class,
@@ -64,7 +65,7 @@ class SparkModelOptNvFp4FusedMoE(ModelOptNvFp4FusedMoE):
     def __init__(self, quant_config, moe_config):
         from vllm_spark_plugin import settings
         from vllm_spark_plugin.moe import policy, startup
-        if hasattr(moe_config, "moe_backend"):  # releases without --moe-backend: vLLM's own choice
+        if quirks.moe_backend_choice(moe_config):  # releases without --moe-backend: vLLM's own choice
             decision = startup.decide_once(moe_config, quant_config, settings.current().moe_backend)
             if moe_config.moe_backend == policy.AUTO and decision.backend not in (policy.AUTO, policy.REFERENCE):
                 moe_config.moe_backend = decision.backend

@@ -12,6 +12,7 @@ import time
 
 from vllm_spark_plugin.hooks import after_import, channel, patching
 from vllm_spark_plugin.metrics.step import NOT_COUNTED, HookStep
+from vllm_spark_plugin.vllm import quirks
 from vllm_spark_plugin.vllm.capabilities import SCHEDULER_MODULE
 
 log = logging.getLogger("vllm_spark_plugin")
@@ -37,7 +38,7 @@ def composition(so) -> tuple[int, int, int, int]:
     A request is in prefill if it is new this step or a cached request with no output token yet
     (a continuing chunked prefill), as vLLM's own `compute_iteration_details` counts it; written
     to be O(new requests) in the common pure-decode step.  Releases whose cached-request data has
-    no `num_output_tokens` count a continuing chunked prefill as decode.
+    no `num_output_tokens` count a continuing chunked prefill as decode (`quirks.cached_output_tokens`).
     """
     nst = so.num_scheduled_tokens
     total_tokens = so.total_num_scheduled_tokens
@@ -47,22 +48,13 @@ def composition(so) -> tuple[int, int, int, int]:
         pre_reqs += 1
         pre_tokens += nst.get(r.req_id, 0)
     cached = so.scheduled_cached_reqs
-    outs = getattr(cached, "num_output_tokens", None)
+    outs = quirks.cached_output_tokens(cached)
     if outs and 0 in outs:
         for rid, n_out in zip(cached.req_ids, outs):
             if n_out == 0:
                 pre_reqs += 1
                 pre_tokens += nst.get(rid, 0)
     return pre_reqs, pre_tokens, len(nst) - pre_reqs, total_tokens - pre_tokens
-
-
-def _busy(scheduler) -> bool:
-    """Requests are left to run: vLLM's own count covers every waiting queue of the release
-    (skipped_waiting before 0.31, kv_holding_waiting and deferred_waiting after)."""
-    count = getattr(scheduler, "get_num_unfinished_requests", None)
-    if count is not None:
-        return count() > 0
-    return bool(getattr(scheduler, "running", None)) or bool(getattr(scheduler, "waiting", None))
 
 
 def _sampled_tokens(so, mro) -> int:
@@ -136,7 +128,7 @@ def patch_scheduler(Scheduler, on_error) -> None:
                     # else from its schedule() call (after idle time).
                     start = st.last_end if (st.busy and st.last_end) else t0
                     st.last_end = end
-                    st.busy = _busy(self)
+                    st.busy = quirks.has_unfinished_requests(self)
                     guard = self.__dict__.get(GUARD_STATE)  # hooks.guard's state: None while the guard is off
                     if st.writer is not None or guard:
                         pr, pt, dr, dt = composition(scheduler_output)
