@@ -186,6 +186,18 @@ def test_every_package_says_what_it_holds():
             assert doc and len(doc) > 40, f"{m}: an __init__ without a docstring saying what the package holds"
 
 
+# the package faces that hold code, and why
+FACES_WITH_CODE = {PKG: "register(), the vllm.general_plugins entry point named in pyproject.toml",
+                   f"{PKG}.hooks": "Patch and PATCHES, the patch registry (docs/architecture.md)"}
+
+
+def test_package_faces_only_re_export():
+    """Code lives in a package's modules; its `__init__` says what it holds and re-exports names."""
+    holding = {m for m, p in MODULES.items() if p.name == "__init__.py"
+               and any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) for n in parsed(p).body)}
+    assert holding == set(FACES_WITH_CODE)
+
+
 def test_only_the_inbound_side_takes_the_process_settings():
     """Domain code is handed its settings; `settings.current()` is the inbound side's to call."""
     callers = set()
