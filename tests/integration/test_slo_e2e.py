@@ -1,11 +1,11 @@
 """Latency SLO end to end: a real CPU `vllm serve` with the plugin judges every finished request, and
 an independent streaming client judges the same requests by the same definition.
 
-The session server (tests/conftest.py) runs with SPARK_PLUGIN_TTFT_SLO_SECONDS=30 and
-SPARK_PLUGIN_FLOORS=20,2000.  The light phase (2 streams, about 200 tok/s each, TTFT tens of ms) is
+The session server (tests/conftest.py) runs with SPARK_PLUGIN_TTFT_SLO_SECONDS=25 and
+SPARK_PLUGIN_FLOORS=20,250,2000.  The light phase (2 streams, about 200 tok/s each, TTFT tens of ms) is
 judged at the 20 tok/s floor: it meets it with a wide margin.  The loaded phase (16 streams) is judged
-at a floor no stream reaches (2,000 tok/s, the highest per-stream-rate bucket bound: the SLO rule takes
-no other; the tiny model streams at about 70 tok/s there): every request misses it, whatever the speed of the box.
+at a floor no stream reaches (2,000 tok/s; the tiny model streams at about 70 tok/s there): every
+request misses it, whatever the speed of the box.
 Both SLO values sit far from what each phase observes (a 1 s TTFT SLO did not: under 16 streams on
 two cores the client saw half the first tokens after 1 s where the server's clock had them before),
 so the two sides must agree on every request.
@@ -17,24 +17,35 @@ request to reading its first token; the server on the delivery clock, from the H
 its application to handing its first token to the request's handler): the server's interval lies
 inside the client's, so it judges at least as many requests met (gated); how many they agree on is
 printed (all 32 in the quiet runs here).
+
+Off the bucket bounds: the TTFT SLO (25 s) and the 250 tok/s floor are no default bounds; the server
+makes them bounds, so the rules generated with them (`vllm-spark dashboards --ttft-slo 25 --floor 250`)
+select buckets that exist, a real Prometheus evaluating them against the server records data, and
+the bucket at the floor counts exactly the requests the SLO counters judged below it.
 """
 from __future__ import annotations
 
 import collections
 import statistics
 import time
+import urllib.request
 
 import pytest
 
 from support.load import measured_waves
+from support.prom import PrometheusProcess
 from support.scrape import scrape, value
 from conftest import SLO_BOUNDARY_TTFT_SECONDS
-from vllm_spark_plugin.definitions import SLO_MET, SLO_OUTCOMES, slo_outcome
+from vllm_spark_plugin.definitions import SLO_MET, SLO_OUTCOMES, STREAM_RATE_BUCKETS, TTFT_BUCKETS, slo_outcome
+from vllm_spark_plugin.grafana import rules
+from vllm_spark_plugin.grafana.slo import SLOConfig
+from vllm_spark_plugin.metrics.bounds import exported_bounds, unmatched_bounds
 
 pytestmark = pytest.mark.server
 
 P = "vllm_spark_"
-TTFT_SLO = 30.0                  # must match the vllm_server fixture's environment
+TTFT_SLO = 25.0                  # must match the vllm_server fixture's environment
+OFF_BOUND_FLOOR = 250.0          # one of its floors, between the default bounds 240 and 260
 MAX_TOKENS = 64
 PHASES = ((2, 6, 20.0), (16, 2, 2000.0))  # (concurrency, waves, the floor the phase is judged at)
 
@@ -130,6 +141,59 @@ def test_ttft_slo_and_capacity_series_are_exported(slo_run, vllm_server):
         spare = value(s, P + "spare_capacity_streams", floor="20")
         cap = value(s, P + "slo_capacity_streams", floor="20")
         assert spare == cap - value(s, P + "running_requests")
+
+
+@pytest.fixture(scope="module")
+def off_bound_rules(vllm_server, tmp_path_factory):
+    """The rules generated with the server's TTFT SLO and its 250 tok/s floor, loaded into a real
+    Prometheus scraping the server every second while 4 streams run 4 waves; the server's /metrics
+    text at the end and the scrapes around the load."""
+    assert OFF_BOUND_FLOOR not in STREAM_RATE_BUCKETS and TTFT_SLO not in TTFT_BUCKETS
+    folder = tmp_path_factory.mktemp("off-bound-rules")
+    slo = SLOConfig(ttft_slo_seconds=TTFT_SLO, floor_tokens_per_second=OFF_BOUND_FLOOR).validate()
+    for name, text in rules.render_files(slo).items():
+        (folder / name).write_text(text)
+    with PrometheusProcess([vllm_server.metrics_url], rule_files=sorted(folder.iterdir())) as prom:
+        prom.wait_for('up{job="vllm"} == 1', timeout=60)
+        run = measured_waves(vllm_server, 4, 4, MAX_TOKENS, "off-bound-")
+        time.sleep(4)  # the last scrapes and rule evaluations after the load
+        with urllib.request.urlopen(vllm_server.metrics_url, timeout=10) as r:
+            text = r.read().decode()
+        records = {name: prom.query(name) for name in ("instance:vllm_spark_stream_rate_slo_errors:ratio_rate5m",
+                                                       "instance:vllm_spark_ttft_slo_errors:ratio_rate5m")}
+    return dict(run, text=text, records=records, recording=(folder / rules.RECORDING_FILE).read_text())
+
+
+def test_the_server_exports_buckets_at_its_off_bound_floor_and_ttft_slo(off_bound_rules):
+    bounds = exported_bounds(off_bound_rules["text"])
+    assert OFF_BOUND_FLOOR in bounds[P + "stream_decode_tokens_per_second"]
+    assert OFF_BOUND_FLOOR in bounds[P + "engine_stream_decode_tokens_per_second"]
+    assert TTFT_SLO in bounds[P + "ttft_seconds"]
+    assert unmatched_bounds(off_bound_rules["recording"], off_bound_rules["text"]) == []
+
+
+def test_the_histogram_rules_at_the_off_bound_floor_and_ttft_slo_have_data(off_bound_rules):
+    """What a real Prometheus recorded from the generated rules: one finite error ratio per server."""
+    for name, result in off_bound_rules["records"].items():
+        values = [float(s["value"][1]) for s in result]
+        assert len(values) == 1 and 0.0 <= values[0] <= 1.0, (name, result)
+
+
+def test_the_bucket_at_the_floor_counts_the_requests_the_slo_counters_judged_below_it(off_bound_rules):
+    """Both sides of one request on the delivery clock: its rate in the histogram, its outcome at the
+    floor in the counters; the bucket le=250 (rate <= 250) and the misses of the rate (rate < 250)
+    differ only for a rate of exactly 250 tok/s."""
+    r = off_bound_rules
+    bucket = P + "stream_decode_tokens_per_second_bucket"
+    at_floor = value(r["after"], bucket, le="250.0") - value(r["before"], bucket, le="250.0")
+    below = _server_counts(r["after"], r["before"], "slo_requests_total", OFF_BOUND_FLOOR)
+    observed = (value(r["after"], P + "stream_decode_tokens_per_second_count")
+                - value(r["before"], P + "stream_decode_tokens_per_second_count"))
+    print(f"\n{len(r['streams'])} streams: {observed:.0f} rates observed, {at_floor:.0f} at or below "
+          f"{OFF_BOUND_FLOOR:g} tok/s; counters at that floor {below}")
+    # a request delivered in one piece has no rate: judged on TTFT alone, in neither figure below
+    assert 0 < observed <= len(r["streams"]) == sum(below.values())
+    assert at_floor == below["missed_rate"] + below["missed_both"]
 
 
 @pytest.fixture(scope="module")
