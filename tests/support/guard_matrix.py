@@ -31,6 +31,7 @@ class Scenario:
     seed: int = 1
     kind: str = "closed"          # closed | open (capacity over arrival rates) | shift
     window: tuple[float, float] | None = None  # seconds whose finished requests are judged (default: the run)
+    mode: str = "admission"       # the guard's SPARK_PLUGIN_GUARD
 
     @property
     def floor(self) -> float:
@@ -63,8 +64,8 @@ SCENARIOS = (
     Scenario("warm-60-1.5x", "warm, floor 60%, closed loop 1.5x", 0.6, _closed(1.5, 0.6)),
     Scenario("warm-60-6x", "warm, floor 60%, closed loop 6x", 0.6, _closed(6, 0.6)),
     Scenario("cold-30-6x", "cold start, floor 30%, closed loop 6x", 0.3, _closed(6, 0.3, duration=60.0), warm=False),
-    Scenario("long-prefill", "floor 60%, closed loop 1.5x, a 4000-token prompt every 8 s", 0.6,
-             _closed(1.5, 0.6, long_prompt=(8.0, 4000))),
+    Scenario("long-prefill", "floor 60%, closed loop 1.5x, a 4000-token prompt every 8 s; guard both", 0.6,
+             _closed(1.5, 0.6, long_prompt=(8.0, 4000)), mode="both"),
     Scenario("burst", "floor 60%, Poisson at 0.5x with a burst of 10x for 10 s", 0.6,
              Load(closed=False, rate=0.5 * _request_rate(0.6), duration=90.0,
                   burst=(30.0, 10.0, 10 * _request_rate(0.6)))),
@@ -116,7 +117,7 @@ def run(s: Scenario, how: str, load: Load | None = None, static: int | None = No
     if how == "static":
         return plant.run(static=static)
     ttft = TTFT_SLO if s.kind == "open" else None
-    return plant.run(guard=new_guard(ENGINE, s.floor, how, s.prior(), ttft_slo=ttft))
+    return plant.run(guard=new_guard(ENGINE, s.floor, how, s.prior(), ttft_slo=ttft, mode=s.mode))
 
 
 def best_static(score, start: int, hi: int = ENGINE.max_num_seqs) -> tuple[int, dict]:
@@ -177,7 +178,8 @@ def oracle(name: str) -> dict:
 
 
 def _score(o: Outcome) -> tuple:
-    return (round(o.goodput, 1), o.at_floor or 0.0)
+    """What a user tuning by sweep picks: a cap that keeps >= 90% at the floor first, then goodput."""
+    return ((o.at_floor or 0.0) >= ATTAIN, round(o.goodput, 1), o.at_floor or 0.0)
 
 
 @lru_cache(maxsize=None)
@@ -198,15 +200,6 @@ def policies() -> tuple[str, ...]:
     return tuple(POLICIES)
 
 
-@dataclass
-class Row:
-    scenario: str
-    floor: float
-    off: dict = field(default_factory=dict)
-    oracle: dict = field(default_factory=dict)
-    guard: dict = field(default_factory=dict)   # policy -> figures
-
-
 def table() -> list[dict]:
     """Every scenario's figures, three ways (the JSON the benchmark writes)."""
     out = []
@@ -220,4 +213,51 @@ def table() -> list[dict]:
 
 
 def _plain(d: dict) -> dict:
-    return {k: (v.row() if isinstance(v, Outcome) else v) for k, v in d.items()}
+    return {k: (v.row() if isinstance(v, Outcome) else v) for k, v in d.items() if k != "searched"}
+
+
+BEGIN, END = "<!-- guard-matrix:begin -->", "<!-- guard-matrix:end -->"
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * x:.0f}%"
+
+
+def _s(x) -> str:
+    return "-" if x is None else f"{x:.1f} s"
+
+
+def _way(o: dict) -> str:
+    if "capacity" in o and "outcome" not in o:
+        return f"capacity {o['capacity'] or 0:.1f}x"
+    x = o["outcome"]
+    x = x if isinstance(x, dict) else x.row()
+    return f"{_pct(x['at_floor'])}, {x['goodput']:.0f} tok/s, {_s(x['ttft_p50'])}"
+
+
+def markdown(rows: list[dict]) -> str:
+    """docs/guard.md's matrix table: per scenario, guard off / the best static cap / each policy: requests at
+    the floor, rate goodput, TTFT p50 (open loop: the capacity), the policy's final cap and cap changes."""
+    pols = list(rows[0]["guard"]) if rows else []
+    head = ("| scenario | floor | guard off | best static cap | " + " | ".join(f"guard ({p})" for p in pols)
+            + " | final cap, changes |")
+    lines = [head, "|" + "---|" * (5 + len(pols))]
+    for r in rows:
+        o = r["oracle"]
+        static = f"{o['cap']}: {_way(o)}"
+        if "first_cap" in o:
+            first = o["first_on_shift"]
+            static += f" (the first phase's {o['first_cap']}: {_pct(first['at_floor'])})"
+        caps = []
+        for p in pols:
+            g = r["guard"][p].get("outcome")
+            caps.append("-" if g is None else f"{g['cap']}, {g['cap_changes']}")
+        lines.append(f"| {r['scenario']} | {r['floor']:.1f} | {_way(r['off'])} | {static} | "
+                     + " | ".join(_way(r["guard"][p]) for p in pols) + f" | {'; '.join(caps)} |")
+    return "\n".join(lines)
+
+
+def replace_block(text: str, table_md: str) -> str:
+    """`text` with what lies between BEGIN and END replaced by `table_md`."""
+    a, b = text.index(BEGIN) + len(BEGIN), text.index(END)
+    return text[:a] + "\n" + table_md + "\n" + text[b:]

@@ -31,20 +31,21 @@ from collections import deque
 from vllm_spark_plugin.definitions import quantile
 
 COLD, TRACK = "cold", "track"
-ROUND_STEPS = 24          # steps at the cap per slow-start round: enough for a mean step at that batch
+SLOW_START_SHARE = 0.75   # of x: where a slow start stops before finished requests confirm x
+ROUND_STEPS = 40          # steps at the cap per slow-start round: enough for a mean step at that batch
 LEVEL_HALFLIFE = 120.0    # seconds: the slope forgets levels not seen for a few minutes
 MIN_LEVEL_STEPS = 8       # a level's mean counts toward the slope with this many decode steps
 MIN_SPAN = 4              # streams between the lowest and highest level the slope is read from
 OUTLIER = 2.0             # a decode step this many times its level's mean is left out of the slope
 LEVEL_WEIGHT_CAP = 200.0  # one crowded level does not drown the others in the slope's fit
-MIN_FINISHED = 16         # finished requests before their spread is read
-FINISHED_KEEP = 96        # the newest finished requests the spread is read from
+MIN_FINISHED = 8          # finished requests in a cohort before its spread is read (else it waits a refit)
+FINISHED_KEEP = 256       # a cohort never holds more
 SPREAD_QUANTILE = 0.9     # >= 90% of requests at the floor
 DOWN_NOW = 0.5            # streams: x this far below the cap moves it down at once
-UP_NOW = 2.0              # streams: x this far above the cap moves it up at once ...
-CONFIRM_UP = 2            # ... else this many refits in a row must agree
-SMOOTH = 0.5              # weight of the newest refit in the intercept and the spread
-SPREAD_PRIOR = 0.05       # of the target: the spread assumed until finished requests measure it
+CONFIRM_UP = 2            # refits in a row that must agree before the cap rises (to the lower of them)
+SMOOTH = 0.5              # weight of the newest refit in the slope and the spread ...
+ANCHOR_SMOOTH = 0.3       # ... and in the intercept (a period holds few of the longest prefill steps)
+SPREAD_PRIOR = 0.1        # of the target: the spread assumed until finished requests measure it
 RATIO_RANGE = (0.5, 3.0)  # a delivery/engine ratio outside this is a broken feedback, clamped
 
 
@@ -114,10 +115,13 @@ class LoopPolicy:
         self._period = [0, 0.0, 0.0]  # steps, sum of seconds, sum of batch since the last refit
         self._bound = False           # the cap held requests back since the last refit
         self._up_seen = 0
+        self._up_to = 0
         self._down_seen = 0
         self._last_refit: float | None = None
         self._round = [0, 0.0]        # slow start: steps at the cap this round, their seconds
         self._spread_known = False
+        self._measured = False        # the intercept comes from measured steps (not only the prior)
+        self._anchor = 0.0            # the last period's intercept, unsmoothed: what finished requests are read against
         self.state = COLD
         self.alpha = self.beta = None
         self.cap: int | None = 1
@@ -145,8 +149,9 @@ class LoopPolicy:
 
     def observe_finished(self, seconds_per_token: float, mean_batch: float) -> None:
         """One finished request: its engine-clock seconds per token and the mean batch of its steps."""
-        if seconds_per_token > 0 and math.isfinite(seconds_per_token) and mean_batch >= 1:
-            self.finished.append((seconds_per_token, mean_batch))
+        if seconds_per_token > 0 and math.isfinite(seconds_per_token) and mean_batch >= 1 and self._measured \
+                and self.beta is not None:
+            self.finished.append(seconds_per_token - self.beta * mean_batch - self._anchor)
 
     def observe_feedback(self, ratio: float) -> None:
         if ratio > 0 and math.isfinite(ratio):
@@ -182,25 +187,28 @@ class LoopPolicy:
         return min(self.max_num_seqs, max(1, int(math.floor(x + 1e-9))))
 
     def _slow_start_round(self, mean_step: float) -> None:
-        """One round at the cap: double while the mean step leaves room, capped by x once a slope is
-        known; at or past the target the loop tracks."""
+        """One round at the cap: double while the mean step leaves room; once a slope is known (the
+        levels', or the prior's), toward x instead, the intercept measured at the cap (the first
+        measurement replaces the prior's, later ones are blended: a round is few steps); at or past x
+        the loop tracks."""
         beta = self.levels.slope()
         if beta is not None:
-            self.beta = beta
-        if self.beta is not None:
-            self.alpha = mean_step - self.beta * self.cap
-        if mean_step + self.spread_in_use > self.target:  # past the target: back, by at most half
-            x = None if self.beta is None else self._bounded(self._streams())
-            self._enter_track(max(self.cap - max(1, self.cap // 2), min(self.cap, x or 1)))
+            self.beta = beta if self.beta is None else self.beta + SMOOTH * (beta - self.beta)
+        if self.beta is None:  # one level so far: the mean step alone says whether to double
+            if mean_step + self.spread_in_use > self.target:
+                self._enter_track(max(1, self.cap // 2))
+            else:
+                self._set(min(self.max_num_seqs, 2 * self.cap))
             return
-        nxt = min(self.max_num_seqs, 2 * self.cap)
-        if self.beta is not None:
-            x = self._bounded(self._streams())
-            if x <= self.cap:
-                self._enter_track(x)
-                return
-            nxt = min(nxt, x)
-        self._set(nxt)
+        anchored = mean_step - self.beta * self.cap
+        self.alpha = anchored if not self._measured else self.alpha + ANCHOR_SMOOTH * (anchored - self.alpha)
+        self._anchor = self.alpha
+        self._measured = True
+        x = self._bounded(self._streams())
+        if x <= self.cap:  # at or past x: back, by at most half
+            self._enter_track(max(self.cap - max(1, self.cap // 2), x))
+        else:  # short of x: until finished requests confirm it, the steps of a first wave are cheap ones
+            self._set(max(self.cap + 1, min(self.max_num_seqs, 2 * self.cap, int(SLOW_START_SHARE * x))))
 
     def _enter_track(self, cap: int) -> None:
         self.state = TRACK
@@ -225,18 +233,26 @@ class LoopPolicy:
         bound, self._bound = self._bound, False
         mean_t = sum_t / n
         beta = self.levels.slope()
-        if beta is not None:
-            self.beta = beta if self.beta is None else self.beta + SMOOTH * (beta - self.beta)
+        if beta is not None:  # levels that span a change of load can give any slope: a bounded step
+            self.beta = beta if self.beta is None else \
+                self.beta + SMOOTH * (min(2 * self.beta, max(self.beta / 2, beta)) - self.beta)
         if self.beta is None:
             return None  # cold, one level: the slow start goes on
         anchored = mean_t - self.beta * (sum_b / n)
-        self.alpha = anchored if self.alpha is None else self.alpha + SMOOTH * (anchored - self.alpha)
+        self.alpha = anchored if not self._measured else self.alpha + ANCHOR_SMOOTH * (anchored - self.alpha)
+        self._anchor = anchored
+        self._measured = True
         if len(self.finished) >= MIN_FINISHED:
-            # each request against the model's mean step at the batch it ran at: what the mean misses
-            a, b = self.alpha, self.beta
-            spread = max(0.0, quantile([t - a - b * mb for t, mb in self.finished], SPREAD_QUANTILE))
+            # the cohort of requests finished since the spread was last read: each one's own intercept
+            # (its seconds per token less the slope times the mean batch it ran at) above the last
+            # period's mean-step intercept when it finished; the cohort's 90th percentile is what the
+            # mean step misses.  Per cohort, smoothed: requests that straddled a change of load (a
+            # shift, the first wave of a closed loop) weigh on one or two readings, not on a minute's
+            spread = quantile(self.finished, SPREAD_QUANTILE)
+            self.finished.clear()
             self.spread = self.spread_in_use + SMOOTH * (spread - self.spread_in_use)  # from the prior at first
             self._spread_known = True
+            self.state = TRACK  # outcomes measured: the slow start is over
         self.x = x = self._streams()
         before = self.cap
         target = self._bounded(x)
@@ -252,8 +268,9 @@ class LoopPolicy:
         elif target > cap and self.state == TRACK:  # cold: the slow start raises it
             self._down_seen = 0
             self._up_seen += 1
-            if x >= cap + UP_NOW or self._up_seen >= CONFIRM_UP:
-                cap = min(target, cap + max(2, cap // 2))
+            self._up_to = target if self._up_seen == 1 else min(self._up_to, target)
+            if self._up_seen >= CONFIRM_UP:  # never on one refit: who gets in cannot be taken back
+                cap = min(self._up_to, cap + max(1, cap // 2))
                 self._up_seen = 0
         else:
             self._up_seen = self._down_seen = 0

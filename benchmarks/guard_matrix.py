@@ -1,0 +1,53 @@
+"""The SLO guard's scenario matrix on the simulated plant (tests/support/plant.py): every scenario run
+guard off, with the best static max_num_seqs (searched on the same plant) and with each registered
+admission policy.  Deterministic (seeded), a few seconds of CPU.
+
+    python benchmarks/guard_matrix.py            # writes benchmarks/results/guard_matrix.json and the
+                                                 # table between the markers in docs/guard.md
+    python benchmarks/guard_matrix.py --check    # exit 1 if docs/guard.md's table is not what this gives
+
+tests/unit/test_guard_matrix.py gates each scenario and checks docs/guard.md's table against this.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # the plant and the matrix: tests/support
+
+from support import guard_matrix as matrix  # noqa: E402
+
+DOC = ROOT / "docs" / "guard.md"
+OUT = ROOT / "benchmarks" / "results" / "guard_matrix.json"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="only compare docs/guard.md's table")
+    args = ap.parse_args(argv)
+    t0 = time.process_time()
+    rows = matrix.table()
+    table_md = matrix.markdown(rows)
+    text = DOC.read_text(encoding="utf-8")
+    new = matrix.replace_block(text, table_md)
+    if args.check:
+        print("docs/guard.md's matrix table is current" if new == text else "docs/guard.md's matrix table is stale")
+        return 0 if new == text else 1
+    DOC.write_text(new, encoding="utf-8")
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(json.dumps({"engine": matrix.ENGINE.__dict__, "lone_stream_rate": round(matrix.LONE, 3),
+                               "ttft_slo_seconds": matrix.TTFT_SLO, "scenarios": rows}, indent=1) + "\n",
+                   encoding="utf-8")
+    print(table_md)
+    print(f"{len(rows)} scenarios in {time.process_time() - t0:.1f} s of CPU; wrote {OUT.relative_to(ROOT)} and "
+          f"the table in {DOC.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
