@@ -2,6 +2,7 @@
 tests/contract/test_guard_scheduler.py)."""
 from __future__ import annotations
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from vllm_spark_plugin.hooks import PATCHES, PLUGIN_LOAD, registration
@@ -70,3 +71,46 @@ def test_the_gauges_are_absent_while_off_set_while_on_and_removed_when_the_verdi
     st.record_step(base._replace(guard_held=0))  # no usable fit any more: no cap, no budget
     assert value(names.GUARD_ADMISSION_LIMIT) is None and value(names.GUARD_PREFILL_BUDGET) is None
     assert value(names.GUARD_DEFERRED) == 0
+
+
+def test_the_delivery_feedback_reaches_the_engine_core_through_the_run_directory(tmp_path, monkeypatch):
+    """The API server writes the 90th percentile of delivered over engine seconds per token; the engine
+    core reads it once per change, at most once a period; a bad file is counted, never raised."""
+    from vllm_spark_plugin.common import errors
+    from vllm_spark_plugin.metrics.delivery import FEEDBACK_FILE, FeedbackReader, FeedbackWriter
+    counted = []
+    monkeypatch.setattr(errors, "report", lambda where, exc: counted.append(where))
+    now = [0.0]
+    w = FeedbackWriter(str(tmp_path), every=5.0, clock=lambda: now[0])
+    r = FeedbackReader(str(tmp_path), every=10.0, clock=lambda: now[0])
+    assert r.poll() is None                                   # nothing written yet
+    for _ in range(20):
+        w.add(20.0, 25.0)                                     # the client sees 20 tok/s, the engine 25
+    now[0] = 6.0
+    w.add(20.0, 25.0)
+    assert (tmp_path / FEEDBACK_FILE).exists() and not list(tmp_path.glob("*.tmp"))
+    now[0] = 10.0
+    assert r.poll() == pytest.approx(1.25)
+    now[0] = 15.0
+    assert r.poll() is None                                   # within the period: no read
+    now[0] = 20.0
+    assert r.poll() is None                                   # unchanged file: nothing new
+    (tmp_path / FEEDBACK_FILE).write_text("not a number\n")
+    import os
+    os.utime(tmp_path / FEEDBACK_FILE, ns=(1, 1))             # a change the reader sees
+    now[0] = 40.0
+    assert r.poll() is None and counted == ["guard_feedback"]
+
+
+def test_the_loop_prior_comes_from_a_capacity_profile_or_a_slow_start_is_said(tmp_path):
+    import json
+
+    from vllm_spark_plugin.guard import prior
+    path = tmp_path / "capacity_profile.json"
+    path.write_text(json.dumps({"alpha_seconds": 0.022, "beta_seconds": 0.0012}))
+    line, said = prior.from_profile(str(path))
+    assert line == (0.022, 0.0012) and "alpha 22.00 ms" in said
+    path.write_text(json.dumps({"alpha_seconds": None, "beta_seconds": 0.0012}))
+    line, said = prior.from_profile(str(path))
+    assert line is None and "slow start" in said
+    assert prior.from_profile("")[0] is None and prior.from_profile(str(tmp_path / "none.json"))[0] is None
