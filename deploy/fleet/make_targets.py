@@ -4,6 +4,7 @@
     python3 deploy/fleet/make_targets.py spark-1:8000 spark-2:8000            # -> prometheus/targets/vllm.json
     python3 deploy/fleet/make_targets.py --kind federate spark-1:9090 spark-2:9090
     python3 deploy/fleet/make_targets.py --from-file hosts.txt --port 8000    # one host per line
+    python3 deploy/fleet/make_targets.py --kind router router-host:29000     # vllm-router's metrics port
 
 Each target gets a `spark` label (its host name) so alerts and dashboards can name the box.
 Prometheus re-reads the file within a minute; no restart needed.  Standard library only.
@@ -17,7 +18,7 @@ import sys
 from pathlib import Path
 
 HOSTPORT = re.compile(r"^(?P<host>[A-Za-z0-9.\-]+|\[[0-9A-Fa-f:]+\])(:(?P<port>\d{1,5}))?$")
-DEFAULT_PORT = {"vllm": 8000, "federate": 9090}
+DEFAULT_PORT = {"vllm": 8000, "federate": 9090, "router": 29000}
 
 
 def targets_document(hosts: list[str], kind: str, port: int | None) -> list[dict]:
@@ -47,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("hosts", nargs="*", help="host or host:port of each Spark")
     ap.add_argument("--kind", choices=sorted(DEFAULT_PORT), default="vllm",
-                    help="vllm: scrape vLLM directly; federate: scrape node Prometheus /federate")
+                    help="vllm: scrape vLLM directly; federate: scrape node Prometheus /federate; "
+                         "router: scrape vllm-router's --prometheus-port")
     ap.add_argument("--port", type=int, help="port for hosts given without one")
     ap.add_argument("--from-file", type=Path, help="read hosts from a file, one per line")
     ap.add_argument("--out", type=Path, help="output file (default: prometheus/targets/<kind>.json here)")

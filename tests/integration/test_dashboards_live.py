@@ -44,6 +44,8 @@ EXPECTED_EMPTY: dict[str, str] = {
                         "(SPARK_PLUGIN_LINKS=auto, NCCL_SOCKET_IFNAME / NCCL_IB_HCA / GLOO_SOCKET_IFNAME unset), so the "
                         "per-interface link series (and the links' recording rules) are absent; "
                         "tests/unit/test_link_alerts.py evaluates the Links row over link counters with promtool",
+    "vllm_router_": "no router runs in front of this test's server; tests/integration/test_router.py runs the fleet "
+                    "dashboard's router panels against a real vllm-router",
 }
 if not Path("/proc/pressure/memory").exists():
     EXPECTED_EMPTY["vllm_spark_memory_pressure_ratio"] = "this kernel exposes no /proc/pressure/memory (PSI)"

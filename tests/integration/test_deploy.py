@@ -33,10 +33,11 @@ COMPOSE_FILES = {
     DEPLOY / "fleet" / "compose.tp-head.yaml": {"MODEL": "m", "NODE_IP": "192.0.2.11", "CLUSTER_IFACE": "enp1s0f1np1"},
     DEPLOY / "fleet" / "compose.tp-worker.yaml": {"NODE_IP": "192.0.2.12", "HEAD_IP": "192.0.2.11", "CLUSTER_IFACE": "enp1s0f1np1"},
     DEPLOY / "fleet" / "compose.central.yaml": {"GRAFANA_ADMIN_PASSWORD": "s3cret"},
+    DEPLOY / "fleet" / "compose.router.yaml": {"ROUTER_WORKER_URLS": "http://192.0.2.11:8000 http://192.0.2.12:8000"},
 }
 # Variables a user might have exported; cleared so the defaults in the files are what is tested.
 _CLEAR = ("BIND_ADDRESS", "MODEL", "GRAFANA_ADMIN_PASSWORD", "NODE_IP", "HEAD_IP", "CLUSTER_IFACE",
-          "SPARK_NAME", "GPU_MEMORY_UTILIZATION", "VLLM_IMAGE")
+          "SPARK_NAME", "GPU_MEMORY_UTILIZATION", "VLLM_IMAGE", "ROUTER_WORKER_URLS")
 
 
 def _tool(name: str, package: str) -> str:

@@ -6,8 +6,10 @@
               per step);
 * kv-memory - KV blocks, unified memory, memory pressure;
 * power     - GPU power, joules per token, tokens per joule, clocks, temperature, clock-event reasons;
-* fleet     - one row per Spark, summed capacity at the floor, fleet knee ratio, and the links of tp/pp
-              deployments: throughput against the negotiated rate beside the step time, flaps, PCIe.
+* fleet     - one row per Spark, summed capacity at the floor, fleet knee ratio, the load each server
+              reports to routers (GET /get_load) beside its spare capacity, the router's own series
+              (vllm-router), and the links of tp/pp deployments: throughput against the negotiated rate
+              beside the step time, flaps, PCIe.
 
 Thresholds (TTFT SLO, per-stream floor, knee ratio bands, SLO target) come from `SLOConfig`, so
 `vllm-spark dashboards --ttft-slo 1 --floor 15` redraws every threshold line.
@@ -23,6 +25,7 @@ from vllm_spark_plugin.grafana.panels import Q
 from vllm_spark_plugin.grafana.rules import LINK_STEP_MARGIN
 from vllm_spark_plugin.grafana.slo import SLOConfig
 from vllm_spark_plugin.metrics import names as N
+from vllm_spark_plugin.metrics.load import LOAD_AT_ZERO_SPARE
 
 S = q.DASH_SEL
 H = q.HOST_SEL
@@ -511,6 +514,13 @@ def fleet(slo: SLOConfig) -> dict:
                           [Q(_sum_by_instance(N.SPARE_CAPACITY, fm), "{{instance}}"),
                            Q(f"sum ({q.sel(N.SPARE_CAPACITY, fm, base=S)})", "fleet")], "short",
                           steps=((None, "red"), (0, "orange"), (1, "green"))))
+    d = d.with_panel(P.ts("Load reported to routers per instance (GET /get_load)",
+                          f"The load each instance answers on /get_load, from the same gauges: {LOAD_AT_ZERO_SPARE} - (capacity "
+                          "under both SLOs at the instance's highest floor - running - waiting), at least 0; running + waiting "
+                          "before the fit has a verdict.  A router with --policy power_of_two sends each request to the lower "
+                          f"of two (docs/deploy.md); above {LOAD_AT_ZERO_SPARE}: over capacity.",
+                          [Q(_reported_load(), "{{instance}}")], "short", min_val=0,
+                          steps=((None, "green"), (LOAD_AT_ZERO_SPARE, "red"))))
     met = 'outcome="met"'
     d = d.with_panel(P.ts("Goodput per instance (stacked)",
                           f"Output tokens/s of requests that met the latency SLO (TTFT <= {slo.ttft_slo_seconds:g} s and "
@@ -518,6 +528,7 @@ def fleet(slo: SLOConfig) -> dict:
                           [Q(f"sum by (instance) ({q.rate(N.SLO_OUTPUT_TOKENS, R, fm, met, base=S)})", "{{instance}}")],
                           TOK_S, stack=True, min_val=0))
 
+    d = _router_panels(d)
     d = _link_panels(d, slo)
 
     row = P.text_row("Instance $instance", collapsed=True, repeat="instance")
@@ -529,6 +540,45 @@ def fleet(slo: SLOConfig) -> dict:
                               [Q(q.hist_quantile(0.5, N.STREAM_RATE, R, base=S), "p50")], TOK_S, steps=_floor_steps(slo), w=8, min_val=0))
     d = d.with_row(row)
     return _finish(d, slo)
+
+
+def _reported_load() -> str:
+    """What GET /get_load answers (metrics.load.server_load), per instance, from the plugin's gauges:
+    each engine's capacity is the smallest over its floors."""
+    queued = f"{_sum_by_instance(N.RUNNING)} + {_sum_by_instance(N.WAITING)}"
+    capacity = f"sum by (instance) (min by (instance, engine) ({q.sel(N.SLO_CAPACITY, base=S)}))"
+    return f"clamp_min({LOAD_AT_ZERO_SPARE} - ({capacity} - ({queued})), 0) or ({queued})"
+
+
+# vLLM's router (vllm-router 0.1.17) on its --prometheus-port: per worker (label worker, the worker URL)
+ROUTER_PROCESSED = "vllm_router_processed_requests_total"
+ROUTER_DECISIONS = "vllm_router_policy_decisions_total"
+ROUTER_RUNNING = "vllm_router_running_requests"
+ROUTER_HEALTH = "vllm_router_worker_health"
+ROUTER_DURATION = "vllm_router_generate_duration_seconds"
+
+
+def _router_panels(d):
+    """The router in front of the fleet (docs/deploy.md, "A fleet behind a router"): where it sent
+    requests, what it holds in flight per worker, and which workers it counts healthy."""
+    d = d.with_row(P.text_row("Router (vllm-router)"))
+    d = d.with_panel(P.ts("Requests routed per worker", f"{ROUTER_PROCESSED}: requests the router forwarded to each worker, per "
+                          "second.  With --policy power_of_two the share follows the load each server reports (panel above).",
+                          [Q(f"sum by (worker) (rate({ROUTER_PROCESSED}[{R}]))", "{{worker}}")], "reqps", w=8, min_val=0))
+    d = d.with_panel(P.ts("Policy decisions per worker", f"{ROUTER_DECISIONS}: picks per second by policy and worker.",
+                          [Q(f"sum by (policy, worker) (rate({ROUTER_DECISIONS}[{R}]))", "{{policy}} {{worker}}")], "short",
+                          w=8, min_val=0))
+    d = d.with_panel(P.ts("In flight at the router per worker", f"{ROUTER_RUNNING}: requests the router has open to each worker.",
+                          [Q(f"sum by (worker) ({ROUTER_RUNNING})", "{{worker}}")], "short", w=8, min_val=0))
+    d = d.with_panel(P.ts("Worker health as the router sees it", f"{ROUTER_HEALTH}: 1 healthy, 0 not (a worker at 0 gets "
+                          "no requests).", [Q(f"min by (worker) ({ROUTER_HEALTH})", "{{worker}}")], "short", w=12,
+                          min_val=0, max_val=1))
+    d = d.with_panel(P.ts("Request duration through the router p50 / p99",
+                          f"{ROUTER_DURATION}: time from the router's receipt to the end of the worker's answer.",
+                          [Q(f"histogram_quantile(0.5, sum by (le) (rate({ROUTER_DURATION}_bucket[{R}])))", "p50"),
+                           Q(f"histogram_quantile(0.99, sum by (le) (rate({ROUTER_DURATION}_bucket[{R}])))", "p99")],
+                          "s", w=12, min_val=0))
+    return d
 
 
 def _link_panels(d, slo: SLOConfig):
