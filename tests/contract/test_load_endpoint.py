@@ -42,8 +42,10 @@ def test_the_route_answers_the_engines_load_through_vllms_wiring(installed):
     assert client.get("/get_load").json() == {"load": 0}  # nothing known yet
     st.running_now, st.waiting_now = 3, 2
     assert client.get("/get_load").json() == {"load": 5}  # no verdict: running + waiting
-    st.slo_capacity = (12, 0)  # the first floor's capacity under both SLOs
+    st.slo_capacity = (12, None)  # capacity under both SLOs at 20 tok/s; none yet at 2,000
     assert client.get("/get_load").json() == {"load": LOAD_AT_ZERO_SPARE - 7}
+    st.slo_capacity = (12, 0)  # the highest floor's is the smallest: no spare
+    assert client.get("/get_load").json() == {"load": LOAD_AT_ZERO_SPARE + 5}
 
 
 def test_installing_twice_adds_one_route(installed):

@@ -42,9 +42,9 @@ class _State:  # the fields of metrics.engine.EngineState the reader uses
         self.running_now, self.waiting_now, self.slo_capacity = running, waiting, caps
 
 
-def test_from_engines_reads_the_first_floor_and_treats_unknown_counts_as_zero():
-    figures = load.from_engines([_State(3, None, (12, 0)), _State(None, 1, (None, None))])
-    assert figures == [E(3, 0, 12), E(0, 1, None)]
+def test_the_capacity_is_the_smallest_over_the_floors_and_unknown_counts_are_zero():
+    figures = load.from_engines([_State(3, None, (12, 0)), _State(None, 1, (None, None)), _State(2, 0, (9, None))])
+    assert figures == [E(3, 0, 0), E(0, 1, None), E(2, 0, 9)]
 
 
 def _write(path, rows, ts):
@@ -64,6 +64,6 @@ def test_several_api_servers_answer_with_the_most_recent_gauges(tmp_path):
            [(n.RUNNING, lab, 2), (n.SLO_CAPACITY, {**lab, "floor": "20"}, 12),
             (n.SLO_CAPACITY, {**lab, "floor": "2000"}, 0),
             (n.RUNNING, {"model_name": "other", "engine": "0"}, 50)], ts=200.0)
-    figures = load.from_multiprocess(str(tmp_path), "m", 20.0)
-    assert figures == [E(running=2, waiting=4, capacity=12)]
-    assert load.server_load(figures) == LOAD_AT_ZERO_SPARE - 6
+    figures = load.from_multiprocess(str(tmp_path), "m")
+    assert figures == [E(running=2, waiting=4, capacity=0)]  # the 2,000 tok/s floor's capacity is the smallest
+    assert load.server_load(figures) == LOAD_AT_ZERO_SPARE + 6

@@ -62,7 +62,7 @@ def current_load() -> int:
         return 0
     shared = os.environ.get(MULTIPROC_ENV)
     if shared:  # several API servers: each answers for the whole server
-        figures = load.from_multiprocess(shared, exp.model, exp.settings.first_floor)
+        figures = load.from_multiprocess(shared, exp.model)
     else:
         figures = load.from_engines(list(exp.engines.values()))
     return load.server_load(figures)

@@ -2,11 +2,12 @@
 
 vLLM's router (`--policy power_of_two`) and SGLang's gateway poll `/get_load` on every worker, read
 the integer `load` and send each request to the lower of two.  So the figure must order servers the
-way a router should pick them: less spare capacity under both SLOs (at the first floor, the one the
-SLO guard holds) is a higher load, and it is never negative (SGLang counts a negative total as a
-failed read).
+way a router should pick them: less spare capacity under both SLOs is a higher load, and it is never
+negative (SGLang counts a negative total as a failed read).  Where a server declares several floors,
+its capacity is the smallest over them (that of its highest floor): a server is preferred only for
+room it has under every SLO it declares.
 
-    spare = sum over engines of (capacity under both SLOs - running - waiting)
+    spare = sum over engines of (capacity under both SLOs at the highest floor - running - waiting)
     load  = max(0, LOAD_AT_ZERO_SPARE - spare)
 
 Waiting requests count against the spare: they hold no stream yet but will.  A server whose engines
@@ -25,7 +26,6 @@ import glob
 import os
 from dataclasses import dataclass
 
-from vllm_spark_plugin.knee.result import floor_key
 from vllm_spark_plugin.metrics import names as n
 
 # The load of a server with no spare stream and no queue: one more stream of spare capacity is one
@@ -38,7 +38,7 @@ LOAD_AT_ZERO_SPARE = 256
 class EngineFigures:
     running: int
     waiting: int
-    capacity: int | None  # capacity under both SLOs at the first floor; None: no verdict yet
+    capacity: int | None  # capacity under both SLOs, the smallest over the floors; None: no verdict yet
 
 
 def server_load(engines: list[EngineFigures] | tuple[EngineFigures, ...]) -> int:
@@ -54,29 +54,35 @@ def _count(x) -> int:
     return int(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and x == x and x > 0 else 0
 
 
+def _smallest(capacities) -> int | None:
+    known = [int(c) for c in capacities if c is not None and c == c]
+    return min(known) if known else None
+
+
 def from_engines(states) -> list[EngineFigures]:
     """Figures of this process's `metrics.engine.EngineState`s (what its last stats and refit set)."""
-    return [EngineFigures(_count(st.running_now), _count(st.waiting_now),
-                          st.slo_capacity[0] if st.slo_capacity else None) for st in states]
+    return [EngineFigures(_count(st.running_now), _count(st.waiting_now), _smallest(st.slo_capacity))
+            for st in states]
 
 
-def from_multiprocess(directory: str, model: str, first_floor: float) -> list[EngineFigures]:
+def from_multiprocess(directory: str, model: str) -> list[EngineFigures]:
     """Figures of every engine of `model` from prometheus-client's multiprocess files (the plugin's
     gauges are `mostrecent`: the latest value any API server wrote, as /metrics shows it)."""
     from prometheus_client.multiprocess import MultiProcessCollector
     files = glob.glob(os.path.join(directory, "gauge_mostrecent_*.db"))
     wanted = {n.RUNNING: "running", n.WAITING: "waiting", n.SLO_CAPACITY: "capacity"}
-    floor = floor_key(first_floor)
-    per_engine: dict[str, dict[str, float]] = {}
+    per_engine: dict[str, dict] = {}
     for metric in MultiProcessCollector.merge(files, accumulate=False):
         field = wanted.get(metric.name)
         if field is None:
             continue
         for s in metric.samples:
-            lab = s.labels
-            if lab.get("model_name") != model or (field == "capacity" and lab.get("floor") != floor):
+            if s.labels.get("model_name") != model:
                 continue
-            per_engine.setdefault(lab.get("engine", "0"), {})[field] = s.value
-    return [EngineFigures(_count(f.get("running")), _count(f.get("waiting")),
-                          int(f["capacity"]) if "capacity" in f and f["capacity"] == f["capacity"] else None)
+            f = per_engine.setdefault(s.labels.get("engine", "0"), {"capacity": []})
+            if field == "capacity":
+                f["capacity"].append(s.value)  # one per floor
+            else:
+                f[field] = s.value
+    return [EngineFigures(_count(f.get("running")), _count(f.get("waiting")), _smallest(f["capacity"]))
             for _, f in sorted(per_engine.items())]
