@@ -56,7 +56,8 @@ def _metric(short: str, kind: str, attr: str, labels: tuple[str, ...], *, help: 
     return PREFIX + short
 
 
-STEP_BATCH_SIZE = _metric("step_batch_size", HISTOGRAM, "step_batch", ENGINE, buckets=BATCH_BUCKETS, per_engine=True,  # requests in the step
+# requests in the step
+STEP_BATCH_SIZE = _metric("step_batch_size", HISTOGRAM, "step_batch", ENGINE, buckets=BATCH_BUCKETS, per_engine=True,
     help="Requests scheduled in each engine step (the batch that shared the forward pass).")
 STEP_TOKENS = _metric("step_tokens", HISTOGRAM, "step_tokens", ENGINE + ("phase",), buckets=STEP_TOKEN_BUCKETS,
                       per_engine=(("step_prefill", ("prefill",)), ("step_decode", ("decode",))),
@@ -84,8 +85,8 @@ STREAM_RATE = _metric("stream_decode_tokens_per_second", HISTOGRAM, "stream_rate
 # one per finished request (engine-core clock)
 ENGINE_STREAM_RATE = _metric("engine_stream_decode_tokens_per_second", HISTOGRAM, "engine_stream_rate", ENGINE,
                              buckets=STREAM_RATE_BUCKETS, slo=FLOORS, per_engine=True,
-    help=("Per-stream decode rate of each finished request as the engine core produced it: (output tokens -"
-          " 1) / (last token time - first token time) on the engine core's clock, tokens/s."))
+    help=("Per-stream decode rate of each finished request as the engine core produced it: "
+          "(output tokens - 1) / (last token time - first token time) on the engine core's clock, tokens/s."))
 GENERATION_TOKENS = _metric("generation_tokens_total", COUNTER, "generation_tokens", ENGINE, per_engine=True,
     help="Tokens generated.")
 PROMPT_TOKENS = _metric("prompt_tokens_total", COUNTER, "prompt_tokens", ENGINE, per_engine=True,
