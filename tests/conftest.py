@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parent.parent
 TIERS = ("unit", "contract", "integration")
 UNREADABLE_KERNEL_LOG = "/nonexistent/kmsg"  # the main server's kernel-log source: missing on purpose
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared helpers: `from support.x import ...`
-pytest_plugins = ["support.registry"]  # the `fresh` fixture: a registry of the test's own
+pytest_plugins = ["support.registry",  # the `fresh` fixture: a registry of the test's own
+                  "support.fake_bench"]  # the `fake` fixture: fake OpenAI servers on the wall clock
 
 
 def pytest_collection_modifyitems(config, items):

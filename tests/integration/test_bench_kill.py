@@ -2,7 +2,7 @@
 the report is written and marked partial, the message says what happened, the exit status is 3.
 
 Uses its own server (never the shared `vllm_server`); the fake-server variant of this test is in
-test_bench_fake.py (test_server_dying_mid_sweep_leaves_valid_partial_results).
+test_bench_fake_wall.py (test_server_dying_mid_sweep_leaves_valid_partial_results).
 """
 from __future__ import annotations
 

@@ -43,7 +43,7 @@ EXPECTED_EMPTY: dict[str, str] = {
     "vllm_spark_link_": "no interface is selected on a box without RDMA devices or NCCL/Gloo interface variables "
                         "(SPARK_PLUGIN_LINKS=auto, NCCL_SOCKET_IFNAME / NCCL_IB_HCA / GLOO_SOCKET_IFNAME unset), so the "
                         "per-interface link series (and the links' recording rules) are absent; "
-                        "tests/unit/test_link_alerts.py evaluates the Links row over link counters with promtool",
+                        "tests/integration/test_link_panels_promtool.py evaluates the Links row over link counters with promtool",
     "vllm_router_": "no router runs in front of this test's server; tests/integration/test_router.py runs the fleet "
                     "dashboard's router panels against a real vllm-router",
 }

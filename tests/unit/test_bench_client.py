@@ -75,8 +75,10 @@ def test_arrival_rules_vllm_style_stream():
     assert t.output_tokens == 3 and t.prompt_tokens == 7 and not t.short  # counts from usage
     assert len(times) == 3  # "a", "", "b"
     assert t.first_token == times[0] and t.last_token == times[-1]
-    assert t.last_token - t.first_token == pytest.approx(0.10, abs=0.04)
-    assert t.ttft == pytest.approx(0.05, abs=0.04)
+    # the script's sleeps never end early, a loaded box only makes them late: bounded below (which
+    # chunks are the first and last token is the identity with `times` above)
+    assert t.last_token - t.first_token >= 0.10 - 0.005
+    assert t.ttft >= 0.05 - 0.005
 
 
 def test_single_empty_token_still_gives_a_first_token_time():
@@ -103,7 +105,8 @@ def test_short_output_and_missing_usage():
 def test_errors_are_recorded_not_raised():
     res, _ = asyncio.run(run([(0.01, chat("x"))], max_tokens=10))  # ends without finish or [DONE]
     assert "stream ended early" in res.timing.error
-    res, _ = asyncio.run(run([(0.01, chat("x")), (3.0, chat("y"))], read=0.5, max_tokens=10))
+    # the second chunk comes 1 s later: twice the read timeout, on the one event loop of client and script
+    res, _ = asyncio.run(run([(0.01, chat("x")), (1.0, chat("y"))], read=0.5, max_tokens=10))
     assert res.timing.error == "timed out: no data for 0.5s"
     res, _ = asyncio.run(run([], api="completions"))
     assert res.timing.error == "HTTP 400: max_tokens is too large"

@@ -2,16 +2,11 @@
 and contained errors spilled by a process without an exporter (a real second process)."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import threading
 import time
 
 import pytest
-from prometheus_client import CollectorRegistry, Counter
 
-from vllm_spark_plugin.common import errors
 from vllm_spark_plugin.hooks import channel
 from vllm_spark_plugin.metrics.step import LAYOUT, HookStep
 
@@ -131,26 +126,3 @@ def test_truncated_datagrams_and_failing_consumers_are_contained(run_dir):
     assert [w for w, _ in got.errors] == ["step_channel"]
 
 
-def test_errors_of_a_process_without_exporter_reach_the_api_servers_counter(run_dir):
-    """A real second process (as the engine core is) contains three errors; the API server's
-    counter gets exactly those, once, however often it looks."""
-    code = (
-        "import time\n"
-        "from vllm_spark_plugin.hooks import registration\n"
-        "from vllm_spark_plugin.common import errors\n"
-        "errors.set_spill(registration._spill)\n"
-        "for _ in range(3): errors.report('scheduler_hook', ValueError('boom'))\n"
-        "time.sleep(errors.SPILL_DELAY_SECONDS + 0.5)\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], env=dict(os.environ), capture_output=True, text=True,
-                          timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert "contained error in scheduler_hook" in proc.stderr  # logged once ...
-    assert proc.stderr.count("contained error") == 1           # ... not three times
-    spilled = channel.read_spilled()
-    assert list(spilled.values()) == [{"scheduler_hook": 3}]
-    counter = Counter("plugin_errors", "test", ("where",), registry=CollectorRegistry())
-    seen: dict = {}
-    assert errors.absorb(spilled, seen, counter) == 3
-    assert errors.absorb(channel.read_spilled(), seen, counter) == 0  # already counted
-    assert counter.labels(where="scheduler_hook")._value.get() == 3

@@ -3,28 +3,10 @@ from __future__ import annotations
 
 import csv
 import json
-import os
-import subprocess
-import sys
 
+from support.knee_sweeps import HEADER, sweep_file
 
 from vllm_spark_plugin.cli import main
-
-HEADER = ["row_type", "label", "workload", "concurrency", "trial", "per_stream_median_tps",
-          "aggregate_tps", "ttft_p50_s", "ttft_p99_s"]
-
-
-def sweep_file(path, labels=("marlin", "cutlass")):
-    """Seed 001's published endpoints (concurrency 1 and 64), one curve per recipe."""
-    data = {"marlin": [(1, 40.0, 40.715, 0.12), (64, 10.4, 557.471, 2.0)],
-            "cutlass": [(1, 40.0, 38.643, 0.12), (64, 10.4, 558.618, 2.0)]}
-    with open(path, "w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(HEADER)
-        for lab in labels:
-            for c, r, a, t in data[lab]:
-                w.writerow(["point", lab, "chat", c, "", r, a, t, t * 1.5])
-    return str(path)
 
 
 def run_cli(argv, capsys):
@@ -106,12 +88,3 @@ def test_fit_verdicts_are_reported_not_raised(tmp_path, capsys):
     assert json.loads(out)["verdict"] == "too few points"
 
 
-def test_subcommand_runs_without_importing_torch_or_vllm(tmp_path):
-    f = sweep_file(tmp_path / "s.csv")
-    code = ("import sys; from vllm_spark_plugin.cli import main; rc = main(['knee', sys.argv[1], '--json', "
-            "'--bootstrap', '50']); bad = [m for m in ('torch', 'vllm') if m in sys.modules]; "
-            "assert not bad, bad; sys.exit(rc)")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    proc = subprocess.run([sys.executable, "-c", code, f], capture_output=True, text=True, env=env, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert set(json.loads(proc.stdout)) == {"marlin", "cutlass"}

@@ -1,19 +1,28 @@
-"""`vllm-spark plan` end to end through the real command (`python -m vllm_spark_plugin.cli plan`)."""
+"""`vllm-spark plan` end to end through the real command's entry (`vllm_spark_plugin.cli.main`, what
+`vllm-spark` and `python -m vllm_spark_plugin.cli` call), in this process: its output, files and exit
+status.  That the module entry runs in a fresh interpreter is tests/contract/test_cli_process.py's."""
 from __future__ import annotations
 
+import contextlib
+import io
 import json
-import subprocess
-import sys
-from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from vllm_spark_plugin.cli import main as vllm_spark
 
 
 def plan(*args, check_rc=None):
-    proc = subprocess.run([sys.executable, "-m", "vllm_spark_plugin.cli", "plan", *args],
-                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    """The command's exit status and what it wrote to stdout and stderr (argparse's usage errors
+    included: they exit through SystemExit)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            rc = vllm_spark(["plan", *args])
+        except SystemExit as exc:
+            rc = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    proc = SimpleNamespace(returncode=rc, stdout=out.getvalue(), stderr=err.getvalue())
     if check_rc is not None:
         assert proc.returncode == check_rc, proc.stderr + proc.stdout
     return proc
