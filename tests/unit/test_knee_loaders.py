@@ -4,6 +4,7 @@ from __future__ import annotations
 import csv
 import json
 import statistics
+from pathlib import Path
 
 import pytest
 
@@ -240,3 +241,115 @@ def test_bench_output_folder_reads_its_sweep_csv(tmp_path):
     (tmp_path / "capacity_profile.json").write_text('{"knee": 3}')
     [(label, pts)] = load_points(tmp_path).items()
     assert label == "tiny" and len(pts) == 3
+
+
+# ----------------------------------------------------------------------------- AIPerf and GuideLLM exports
+# Real files: written by aiperf 0.13.0 and guidellm 0.8.1 against the CPU test server (tiny model,
+# concurrency 1, 2, 4, 8, 16 requests each; tests/fixtures/sweeps/README.md has the commands).  Their
+# timings are distorted on 2 shared cores: what is checked is the reading and the fit, not the figures.
+
+SWEEPS = Path(__file__).resolve().parent.parent / "fixtures" / "sweeps"
+AIPERF_DIR, GUIDELLM_JSON = SWEEPS / "aiperf", SWEEPS / "guidellm" / "benchmarks.json"
+
+
+def aiperf_runs():
+    return sorted(AIPERF_DIR.glob("concurrency_*/profile_export_aiperf.json"))
+
+
+def test_aiperf_artifact_folder_reads_each_run(tmp_path):
+    runs = {json.loads(f.read_text())["input_config"]["phases"][0]["concurrency"]: json.loads(f.read_text())
+            for f in aiperf_runs()}
+    [(label, pts)] = load_points(AIPERF_DIR).items()
+    assert label == "tiny-qwen3-moe"
+    assert [p.concurrency for p in pts] == sorted(runs) == [1, 2, 4, 8]
+    for p in pts:
+        run = runs[int(p.concurrency)]
+        assert p.extra["requests"] == run["completed_request_count"]["avg"] == 16
+        assert p.per_stream_tokens_per_second == run["output_token_throughput_per_user"]["p50"]
+        assert p.aggregate_tokens_per_second == run["output_token_throughput"]["avg"]
+        assert p.ttft_p50_seconds == pytest.approx(run["time_to_first_token"]["p50"] / 1000)
+        assert p.ttft_p99_seconds == pytest.approx(run["time_to_first_token"]["p99"] / 1000)
+
+
+def test_aiperf_sweep_aggregate_gives_the_same_points():
+    [(label, pts)] = load_points(AIPERF_DIR / "sweep_aggregate" / "profile_export_aiperf_sweep.json").items()
+    [(_, runs)] = load_points(AIPERF_DIR).items()
+    assert label == "aiperf"  # the aggregate does not name the model
+    assert [(p.concurrency, p.per_stream_tokens_per_second, p.aggregate_tokens_per_second, p.ttft_p50_seconds)
+            for p in pts] == [(p.concurrency, p.per_stream_tokens_per_second, p.aggregate_tokens_per_second,
+                               p.ttft_p50_seconds) for p in runs]
+
+
+def test_guidellm_benchmarks_json_by_the_seed_definitions():
+    """Per-stream rate and aggregate from each request's first and last token, the way bench measures."""
+    from vllm_spark_plugin.definitions import StreamTiming, aggregate_throughput
+
+    report = json.loads(GUIDELLM_JSON.read_text())
+    [(label, pts)] = load_points(GUIDELLM_JSON.parent).items()
+    assert label == report["config"]["spec"]["backend"]["model"] == "tiny-qwen3-moe"
+    assert [p.concurrency for p in pts] == [b["config"]["strategy"]["streams"] for b in report["benchmarks"]]
+    for p, bench in zip(pts, report["benchmarks"]):
+        reqs = bench["requests"]["successful"]
+        assert p.extra["requests"] == len(reqs) == bench["metrics"]["request_totals"]["successful"] == 16
+        # the tool's own per-request inter-token latency is (last - first) / (tokens - 1): the same rate
+        assert p.per_stream_tokens_per_second == pytest.approx(
+            statistics.median(1000 / r["inter_token_latency_ms"] for r in reqs), rel=1e-6)
+        t = [r["info"]["timings"] for r in reqs]
+        assert p.aggregate_tokens_per_second == pytest.approx(aggregate_throughput(
+            StreamTiming(r["output_tokens"], x["request_start"], x["first_token_iteration"], x["last_token_iteration"])
+            for r, x in zip(reqs, t)))
+        assert p.ttft_p50_seconds == pytest.approx(bench["metrics"]["time_to_first_token_ms"]["successful"]["median"] / 1000)
+
+
+@pytest.mark.parametrize("source, verdict", [("aiperf", "no knee in the measured range"), ("guidellm", "ok")])
+def test_the_fit_runs_on_each_real_export(source, verdict, capsys):
+    """`vllm-spark knee FOLDER --json` on each export: the verdict its (distorted) points give; where
+    it is ok, the knee with its interval and the capacity at 20 tok/s."""
+    import argparse
+
+    from vllm_spark_plugin.knee import cli
+
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    folder = AIPERF_DIR if source == "aiperf" else GUIDELLM_JSON.parent
+    assert cli.run(parser.parse_args([str(folder), "--json", "--floor", "20", "--bootstrap", "200"])) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["label"] == "tiny-qwen3-moe" and out["n"] == 8  # 4 points, per-stream and aggregate each
+    assert out["verdict"] == verdict and "20" in out["capacity"]
+    if verdict == "ok":
+        lo, hi = out["ci"]["knee"]
+        assert lo <= out["knee"] <= hi and out["capacity"]["20"] >= 1
+
+
+def test_tool_exports_that_give_no_curve_are_refused(tmp_path):
+    report = json.loads(GUIDELLM_JSON.read_text())
+    for b in report["benchmarks"]:
+        b["config"]["strategy"] = {"type_": "constant", "rate": 2.0}
+    rate_only = tmp_path / "benchmarks.json"
+    rate_only.write_text(json.dumps(report))
+    with pytest.raises(KneeInputError, match="no concurrent or synchronous GuideLLM benchmark .found: constant"):
+        load_points(rate_only)
+
+    run = json.loads(aiperf_runs()[0].read_text())
+    run["input_config"]["phases"][0]["concurrency"] = None
+    rate_run = tmp_path / "rate" / "profile_export_aiperf.json"
+    rate_run.parent.mkdir()
+    rate_run.write_text(json.dumps(run))
+    with pytest.raises(KneeInputError, match="without a fixed concurrency"):
+        load_points(rate_run.parent)
+
+    cases = {"profile_export_aiperf.csv": "Metric,avg,min,max\nRequest Latency (ms),1,1,1\n",
+             "profile_export_aiperf_sweep.csv": "concurrency,request_latency_mean\n1,2.0\n",
+             "benchmarks.csv": "Run Info,Run Info,Benchmark\nModel,Task,Strategy\n",
+             "benchmarks.yaml": "benchmarks: []\n",
+             "profile_export_aiperf_aggregate.json": json.dumps({"aiperf_version": "0.13.0", "metadata": {},
+                                                                  "metrics": {}})}
+    expected = {"profile_export_aiperf.csv": "an AIPerf CSV", "profile_export_aiperf_sweep.csv": "an AIPerf CSV",
+                "benchmarks.csv": "a GuideLLM CSV", "benchmarks.yaml": "YAML is not read",
+                "profile_export_aiperf_aggregate.json": "an AIPerf confidence aggregate"}
+    for name, content in cases.items():
+        path = tmp_path / name
+        path.write_text(content)
+        with pytest.raises(KneeInputError) as exc:
+            load_points(path)
+        assert str(path) in str(exc.value) and expected[name] in str(exc.value)

@@ -1,7 +1,7 @@
 """`vllm-spark knee FILE [FILE...]`: fit the step-time model to sweep results and print the knee.
 
 Input: this project's sweep CSV, `vllm bench serve --save-result` JSON (files or a directory),
-or a spark-bench long CSV (see loaders.py).  One fit per curve (label).
+a spark-bench long CSV, or an AIPerf or GuideLLM export (see loaders.py).  One fit per curve (label).
 Exit status: 0 when every file was read (whatever the verdicts), 2 when input is unreadable.
 """
 from __future__ import annotations
@@ -18,7 +18,8 @@ from .result import KneeResult
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("files", nargs="+", metavar="FILE",
-                        help="sweep CSV, vllm bench serve JSON (file or directory), or spark-bench CSV")
+                        help="sweep CSV, vllm bench serve JSON (file or directory), spark-bench CSV, "
+                             "or an AIPerf artifact folder / GuideLLM benchmarks.json")
     parser.add_argument("--floor", type=float, action="append", metavar="TOK_S",
                         help="per-stream decode-rate floor in tok/s for capacity (repeatable; "
                              "default: SPARK_PLUGIN_FLOORS, else 20)")

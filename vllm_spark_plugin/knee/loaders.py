@@ -16,6 +16,17 @@
    per_stream_tps, ttft_p50_ms, ttft_p99_ms per `batch` (the concurrency); one curve per
    model/label, runs at the same batch combined by the median.
 
+4. NVIDIA AIPerf (0.13) exports: a run's `profile_export_aiperf.json` (`aiperf_version`,
+   `input_config`: the profiling phase's `concurrency`) or a sweep's
+   `sweep_aggregate/profile_export_aiperf_sweep.json` (`per_combination_metrics`).  Per-stream rate =
+   p50 of `output_token_throughput_per_user` (each request's 1 / inter-token latency, i.e.
+   (tokens - 1) / (last - first token)); aggregate = `output_token_throughput`; TTFT p50/p99 of
+   `time_to_first_token`.  An artifact folder is read as its per-run files.
+5. GuideLLM (0.8) `benchmarks.json`: one point per concurrent (or synchronous) benchmark, computed
+   from its per-request timings with this project's definitions (`definitions.StreamTiming`), TTFT
+   from its `time_to_first_token_ms`.  Rate-driven benchmarks (constant, poisson, throughput) have no
+   concurrency and are left out; a file with only those is refused.
+
 Anything else raises `KneeInputError` naming the file and the problem.
 """
 from __future__ import annotations
@@ -28,7 +39,7 @@ import os
 from collections import defaultdict
 from typing import Iterable
 
-from ..definitions import SweepPoint, median
+from ..definitions import StreamTiming, SweepPoint, aggregate_throughput, median
 
 SWEEP_COLUMNS = {"row_type", "label", "concurrency", "per_stream_median_tps", "aggregate_tps"}
 SPARK_BENCH_COLUMNS = {"model", "label", "batch", "workload", "metric", "value"}
@@ -158,6 +169,134 @@ def _read_spark_bench_csv(path: str, rows: list[dict]) -> dict[str, list[SweepPo
     return _by_curve(points)
 
 
+# ----------------------------------------------------------------------------- AIPerf JSON
+
+AIPERF_RUN_FILE, AIPERF_SWEEP_FILE = "profile_export_aiperf.json", "profile_export_aiperf_sweep.json"
+
+
+def _aiperf_stat(metrics: dict, name: str, stat: str, path: str, where: str) -> float | None:
+    block = metrics.get(name)
+    return _num(block.get(stat), path, where, f"{name}.{stat}") if isinstance(block, dict) else None
+
+
+def _aiperf_point(metrics: dict, concurrency, label: str, trials: int, path: str, where: str) -> SweepPoint:
+    c = _num(concurrency, path, where, "concurrency")
+    if c is None or c <= 0:
+        raise KneeInputError(f"{path}: {where}: an AIPerf run without a fixed concurrency (--concurrency N); "
+                             "request-rate runs give no curve point")
+    per_stream = _aiperf_stat(metrics, "output_token_throughput_per_user", "p50", path, where)
+    if per_stream is None:  # older exports: the median inter-token latency
+        itl = _aiperf_stat(metrics, "inter_token_latency", "p50", path, where)
+        per_stream = 1000.0 / itl if itl else None
+    aggregate = _aiperf_stat(metrics, "output_token_throughput", "avg", path, where)
+    if per_stream is None and aggregate is None:
+        raise KneeInputError(f"{path}: {where}: no output_token_throughput_per_user, inter_token_latency or "
+                             "output_token_throughput: was the run streamed (--streaming)?")
+    requests = _aiperf_stat(metrics, "completed_request_count", "avg", path, where)
+    if requests is None:
+        requests = _aiperf_stat(metrics, "request_count", "avg", path, where)
+    return SweepPoint(concurrency=c, per_stream_tokens_per_second=per_stream, aggregate_tokens_per_second=aggregate,
+                      ttft_p50_seconds=_ms(_aiperf_stat(metrics, "time_to_first_token", "p50", path, where)),
+                      ttft_p99_seconds=_ms(_aiperf_stat(metrics, "time_to_first_token", "p99", path, where)),
+                      label=label, trials=trials,
+                      extra={"source": os.path.basename(path), "format": "aiperf-json",
+                             "requests": None if requests is None else int(requests)})
+
+
+def _aiperf_run(obj: dict, path: str, where: str) -> list[SweepPoint]:
+    """One `aiperf profile` run: its profiling phase's concurrency, the model as the label."""
+    cfg = obj.get("input_config") or {}
+    phases = [p for p in cfg.get("phases") or [] if isinstance(p, dict) and p.get("kind", "profiling") == "profiling"]
+    concurrency = phases[0].get("concurrency") if phases else (cfg.get("loadgen") or {}).get("concurrency")
+    models = [m.get("name") for m in ((cfg.get("models") or {}).get("items") or []) if isinstance(m, dict)]
+    label = "/".join(m for m in models if m) or "aiperf"
+    return [_aiperf_point(obj, concurrency, label, 1, path, where)]
+
+
+def _aiperf_sweep(obj: dict, path: str, where: str) -> list[SweepPoint]:
+    """The sweep aggregate: one point per concurrency (means over trials where there were several)."""
+    meta = obj.get("metadata") or {}
+    trials = int(_num(meta.get("num_trials_per_value"), path, where, "num_trials_per_value") or 1)
+    label = str(meta.get("model") or "").strip() or "aiperf"
+    points = []
+    for n, combo in enumerate(obj.get("per_combination_metrics") or [], start=1):
+        params = combo.get("parameters") or {}
+        if "concurrency" not in params:
+            raise KneeInputError(f"{path}: {where}: combination {n} sweeps {', '.join(params) or 'nothing'}, "
+                                 "not concurrency; only a concurrency sweep gives a curve")
+        points.append(_aiperf_point(combo.get("metrics") or {}, params["concurrency"], label, trials, path,
+                                    f"{where}, combination {n}"))
+    if not points:
+        raise KneeInputError(f"{path}: {where}: an AIPerf sweep aggregate without per_combination_metrics")
+    return points
+
+
+# ----------------------------------------------------------------------------- GuideLLM JSON
+
+GUIDELLM_FILE = "benchmarks.json"
+
+
+def _guidellm_point(bench: dict, label: str, path: str, where: str) -> SweepPoint | None:
+    """A concurrent benchmark as a point; None for a rate-driven one (no concurrency)."""
+    strategy = (bench.get("config") or {}).get("strategy") or {}
+    kind = strategy.get("type_")
+    if kind == "synchronous":
+        c = 1.0
+    elif kind == "concurrent":
+        c = _num(strategy.get("streams"), path, where, "strategy.streams")
+    else:
+        return None
+    streams = []
+    for r in (bench.get("requests") or {}).get("successful") or []:
+        t = ((r.get("info") or {}).get("timings") or {})
+        streams.append(StreamTiming(output_tokens=int(r.get("output_tokens") or 0),
+                                    start=_num(t.get("request_start"), path, where, "request_start") or 0.0,
+                                    first_token=_num(t.get("first_token_iteration"), path, where, "first_token_iteration"),
+                                    last_token=_num(t.get("last_token_iteration"), path, where, "last_token_iteration")))
+    if not streams:
+        raise KneeInputError(f"{path}: {where}: a GuideLLM benchmark without per-request timings "
+                             "(requests.successful); the per-stream rate cannot be computed")
+    ttft = ((bench.get("metrics") or {}).get("time_to_first_token_ms") or {}).get("successful") or {}
+    return SweepPoint(concurrency=c, per_stream_tokens_per_second=median(s.decode_rate for s in streams),
+                      aggregate_tokens_per_second=aggregate_throughput(streams),
+                      ttft_p50_seconds=_ms(_num(ttft.get("median"), path, where, "time_to_first_token_ms.median")),
+                      ttft_p99_seconds=_ms(_num((ttft.get("percentiles") or {}).get("p99"), path, where,
+                                                "time_to_first_token_ms.p99")),
+                      label=label, extra={"source": os.path.basename(path), "format": "guidellm-json",
+                                          "requests": len(streams)})
+
+
+def _guidellm_report(obj: dict, path: str, where: str) -> list[SweepPoint]:
+    backend = (((obj.get("config") or {}).get("spec") or {}).get("backend") or {})
+    label = str(backend.get("model") or "").strip() or "guidellm"
+    points, skipped = [], []
+    for n, bench in enumerate(obj.get("benchmarks") or [], start=1):
+        p = _guidellm_point(bench, label, path, f"{where}, benchmark {n}")
+        if p is None:
+            skipped.append(str(((bench.get("config") or {}).get("strategy") or {}).get("type_")))
+        else:
+            points.append(p)
+    if not points:
+        raise KneeInputError(f"{path}: {where}: no concurrent or synchronous GuideLLM benchmark "
+                             f"(found: {', '.join(skipped) or 'none'}); run --profile kind=concurrent with "
+                             "--override profile.streams 1,2,4,...")
+    return points
+
+
+def _sniffed_points(obj: dict, path: str, where: str) -> list[SweepPoint]:
+    """The points of one JSON object, by what it holds (AIPerf, GuideLLM, else `vllm bench serve`)."""
+    if "aiperf_version" in obj and "input_config" in obj:
+        return _aiperf_run(obj, path, where)
+    if obj.get("aggregation_type") == "sweep" and "per_combination_metrics" in obj:
+        return _aiperf_sweep(obj, path, where)
+    if obj.get("aggregation_type") == "confidence" or "aiperf_version" in obj:
+        raise KneeInputError(f"{path}: {where}: an AIPerf confidence aggregate (one concurrency across trials); "
+                             f"give the run folder, its {AIPERF_RUN_FILE} files or {AIPERF_SWEEP_FILE}")
+    if "guidellm_version" in (obj.get("metadata") or {}) or ("benchmarks" in obj and "config" in obj):
+        return _guidellm_report(obj, path, where)
+    return [_vllm_bench_point(obj, path, where)]
+
+
 # ----------------------------------------------------------------------------- vllm bench serve JSON
 
 def _vllm_bench_point(obj: dict, path: str, where: str) -> SweepPoint:
@@ -200,7 +339,7 @@ def _read_json(path: str, text: str) -> list[SweepPoint]:
         where = f"object {n}" if len(objects) > 1 else "top level"
         if not isinstance(obj, dict):
             raise KneeInputError(f"{path}: {where}: expected a JSON object, got {type(obj).__name__}")
-        points.append(_vllm_bench_point(obj, path, where))
+        points.extend(_sniffed_points(obj, path, where))
     return points
 
 
@@ -256,6 +395,8 @@ def _read_file(path: str) -> tuple[str, object]:
     stripped = text.lstrip()
     if not stripped:
         raise KneeInputError(f"{path}: empty file")
+    if path.endswith((".yaml", ".yml")):
+        raise KneeInputError(f"{path}: YAML is not read; give the JSON export ({GUIDELLM_FILE} for GuideLLM)")
     if stripped[0] in "[{":
         return "json", _read_json(path, text)
     reader = csv.DictReader(io.StringIO(text))
@@ -271,10 +412,26 @@ def _read_file(path: str) -> tuple[str, object]:
         return "curves", _read_sweep_csv(path, rows)
     if SPARK_BENCH_COLUMNS <= header:
         return "curves", _read_spark_bench_csv(path, rows)
+    if "Metric" in header or ("concurrency" in header and any(h.endswith("_mean") for h in header)):
+        raise KneeInputError(f"{path}: an AIPerf CSV (means, no per-stream median); give the run folder, its "
+                             f"{AIPERF_RUN_FILE} or {AIPERF_SWEEP_FILE} instead")
+    if "Run Info" in header:
+        raise KneeInputError(f"{path}: a GuideLLM CSV (no per-request timings); give its {GUIDELLM_FILE} "
+                             "instead (--output kind=json)")
     raise KneeInputError(
         f"{path}: unrecognised CSV columns ({', '.join(sorted(header)[:12])}"
         f"{', ...' if len(header) > 12 else ''}); expected this project's sweep CSV "
         f"({', '.join(sorted(SWEEP_COLUMNS))}) or a spark-bench long CSV ({', '.join(sorted(SPARK_BENCH_COLUMNS))})")
+
+
+def _tool_files(folder: str) -> list[str]:
+    """An AIPerf artifact folder's per-run exports (its aggregates repeat them), or GuideLLM's JSON."""
+    runs = sorted(os.path.join(root, AIPERF_RUN_FILE) for root, _, names in os.walk(folder)
+                  if AIPERF_RUN_FILE in names)
+    if runs:
+        return runs
+    guidellm = os.path.join(folder, GUIDELLM_FILE)
+    return [guidellm] if os.path.isfile(guidellm) else []
 
 
 def load_points(path: str | os.PathLike | Iterable[str | os.PathLike]) -> dict[str, list[SweepPoint]]:
@@ -287,6 +444,8 @@ def load_points(path: str | os.PathLike | Iterable[str | os.PathLike]) -> dict[s
     for p in paths:
         if os.path.isdir(p) and os.path.isfile(os.path.join(p, "sweep.csv")):
             files.append(os.path.join(p, "sweep.csv"))  # a `vllm-spark bench` output folder
+        elif os.path.isdir(p) and _tool_files(p):
+            files.extend(_tool_files(p))
         elif os.path.isdir(p):
             found = sorted(os.path.join(p, f) for f in os.listdir(p)
                            if f.endswith((".json", ".jsonl", ".csv")) and not f.endswith(".pytorch.json"))
