@@ -63,17 +63,14 @@ def test_limits_are_within_one_and_max_num_seqs_and_never_below_what_runs():
 
 
 def test_a_cold_start_engages_at_once_and_doubles_while_the_steps_leave_room():
-    p = LoopPolicy(24.0, 64)            # target 41.7 ms a token: (41.7 - 10% - 22)/1.2 = 12.9 streams
+    p = LoopPolicy(24.0, 64)            # target 41.7 ms a token: (41.7 - 5% - 22)/1.2 = 14.7 streams
     assert p.state == COLD and p.cap == 1 and p.limit(1, 50) == 1
     caps = [p.cap]
     for _ in range(8):
         feed(p, p.cap, ROUND_STEPS)
         caps.append(p.cap)
-    # doubling; then, with a slope, three quarters of x (no finished request has confirmed x yet),
-    # then a stream a round, never past x
-    assert caps[:5] == [1, 2, 4, 8, 9]
-    assert caps[4:] == sorted(caps[4:]) and max(caps) <= 13
-    assert p.beta == pytest.approx(BETA, rel=0.15)
+    assert caps[:5] == [1, 2, 4, 8, 14]  # doubling, then the streams the measured line allows
+    assert max(caps) <= 15 and p.state == TRACK and p.beta == pytest.approx(BETA, rel=0.15)
 
 
 def test_without_load_the_slow_start_waits_at_its_cap():
@@ -156,6 +153,21 @@ def test_moves_are_bounded_down_by_half_and_up_by_half_after_two_refits():
         if now == 10.0:
             assert p2.cap == low
     assert low < p2.cap <= low + max(1, low // 2)
+
+
+def test_the_prefill_each_stream_brings_is_priced_into_the_slope():
+    """Steady admissions put prefill steps among decode steps: 256 prompt tokens per 128-token request,
+    0.15 ms a token.  The loop prices it per stream (cost per prefill token times prefill tokens per
+    stream-step), so a first wave whose prefills came before its first tokens does not look cheaper."""
+    p = LoopPolicy(24.0, 64, prior=(ALPHA, BETA))
+    p.alpha, p._measured = ALPHA, True
+    for _ in range(40):
+        feed(p, 10, 12)
+        p.observe_step(10, 256, ALPHA + BETA * 10 + 256 * 0.00015)
+    assert p.prefill_per_stream == pytest.approx(0.00015 * 256 / 130, rel=0.1)   # 256 tokens per 13 steps of 10
+    assert p.slope == pytest.approx(BETA + p.prefill_per_stream)
+    without = (p.target - p.spread_in_use - ALPHA) / BETA
+    assert p._streams() < without - 1
 
 
 def test_in_steady_state_the_cap_settles():

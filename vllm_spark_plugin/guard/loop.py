@@ -3,25 +3,29 @@ own feedback, a slow start from cold, a correction from measured outcomes, bound
 
 Everything is in step-time space and additive.  The target is the engine-clock seconds per token a
 stream may take, `T = 1 / (floor * ratio)` (`ratio`: the delivery clock's seconds per token over the
-engine's, fed back from the API server).  A stream at batch b pays the mean step at b, `a + beta*b`
-(every step of its life, slow ones and prefill ones included), and the streams spread around that
-mean by `s` (the 90th percentile of finished requests' seconds per token minus the model's mean step
-at the batch they ran at, which the loop reads with the mean batch of each request's own steps).  So the streams at the floor are `x = (T - s - a) / beta`, and the cap follows x:
+engine's, fed back from the API server).  A stream at batch b pays the mean step at b,
+`a + (beta + p) * b`, and the requests spread around that mean by `s`.  So the streams at the floor
+are `x = (T - s - a) / (beta + p)`, and the cap follows x:
 
-* `beta` (the slope) comes from per-batch-level means of decode-only steps (`StepLevels`); with no
-  spread in the levels (a binding cap keeps the batch at one level) the last usable slope is kept:
-  the loop never falls back to "no model";
-* `a` is re-anchored at each refit on the steps measured since the last one, whatever their batch
-  (`mean(t) - beta * mean(b)`): it needs no spread and carries the step-time tail additively;
-* `s` is measured on the requests that finished, so a bias the step model cannot see converges
-  instead of being multiplied into the floor.
+* `beta` (the decode slope) comes from per-batch-level means of decode-only steps (`StepLevels`);
+  with no spread in the levels (a binding cap keeps the batch at one level) the last usable slope is
+  kept: the loop never falls back to "no model";
+* `a` is re-anchored at each refit on the decode-only steps measured since the last one, whatever
+  their batch (`mean(t) - beta * mean(b)`): it needs no spread and carries the step-time tail;
+* `p` is the prefill each running stream brings into every step in steady admission: the measured
+  cost of a prefill token (what a step with prefill took beyond the decode line, per token) times
+  the prefill tokens per stream-step, both read over minutes, so a first wave whose prefills came
+  before its first tokens, or a shift of prompt lengths, moves it smoothly and not by the luck of a
+  period;
+* `s` is measured on the requests that finished (each one's seconds per token above the model at the
+  mean batch of its steps), so a bias the step model cannot see converges instead of being
+  multiplied into the floor.
 
-States: `cold` (no slope yet: no prior and too few levels) runs a slow start, the cap doubling each
-round of `round_steps` steps at the cap while the mean step stays under the target, capped by x as
-soon as two levels give a slope; `track` moves the cap toward x at each refit, down at once when x is
-half a stream or more below it (by at most half the cap), up only while the cap binds and after two
-refits agree (by at most half the cap plus one), and not at all while x is within [cap, cap + 1).
-Pure Python, no vLLM, no clock of its own: the caller passes `now`.
+States: `cold` runs a slow start, the cap doubling each round of `round_steps` decode steps at the
+cap while the mean step leaves room, toward x as soon as a slope is known (the levels' or a prior's);
+`track` moves the cap toward x at each refit, down at once when x is half a stream or more below it
+(by at most half the cap), up only after two refits agree (by at most half the cap), and not at all
+while x is within [cap, cap + 1).  Pure Python, no vLLM, no clock of its own: the caller passes `now`.
 """
 from __future__ import annotations
 
@@ -31,7 +35,6 @@ from collections import deque
 from vllm_spark_plugin.definitions import quantile
 
 COLD, TRACK = "cold", "track"
-SLOW_START_SHARE = 0.75   # of x: where a slow start stops before finished requests confirm x
 ROUND_STEPS = 40          # steps at the cap per slow-start round: enough for a mean step at that batch
 LEVEL_HALFLIFE = 120.0    # seconds: the slope forgets levels not seen for a few minutes
 MIN_LEVEL_STEPS = 8       # a level's mean counts toward the slope with this many decode steps
@@ -44,8 +47,9 @@ SPREAD_QUANTILE = 0.9     # >= 90% of requests at the floor
 DOWN_NOW = 0.5            # streams: x this far below the cap moves it down at once
 CONFIRM_UP = 2            # refits in a row that must agree before the cap rises (to the lower of them)
 SMOOTH = 0.5              # weight of the newest refit in the slope and the spread ...
+PREFILL_HALFLIFE = 60.0   # seconds: the prefill a stream brings is read over a few request lives
 ANCHOR_SMOOTH = 0.3       # ... and in the intercept (a period holds few of the longest prefill steps)
-SPREAD_PRIOR = 0.1        # of the target: the spread assumed until finished requests measure it
+SPREAD_PRIOR = 0.05       # of the target: the spread assumed until finished requests measure it
 RATIO_RANGE = (0.5, 3.0)  # a delivery/engine ratio outside this is a broken feedback, clamped
 
 
@@ -119,6 +123,8 @@ class LoopPolicy:
         self._down_seen = 0
         self._last_refit: float | None = None
         self._round = [0, 0.0]        # slow start: steps at the cap this round, their seconds
+        self._load = [0.0, 0.0]       # prefill tokens, stream-steps (decayed)
+        self._prefill = [0.0, 0.0]    # seconds prefill added to its steps, its tokens (decayed)
         self._spread_known = False
         self._measured = False        # the intercept comes from measured steps (not only the prior)
         self._anchor = 0.0            # the last period's intercept, unsmoothed: what finished requests are read against
@@ -133,12 +139,21 @@ class LoopPolicy:
     def observe_step(self, batch: int, prefill_tokens: int, seconds: float) -> None:
         if batch < 1 or not seconds > 0:
             return
+        w = self._load
+        w[1] += batch
+        if prefill_tokens:  # what the prefill adds to the step, priced per token
+            w[0] += prefill_tokens
+            if self.alpha is not None and self.beta is not None:
+                excess = seconds - self.alpha - self.beta * batch
+                if excess > 0:
+                    self._prefill[0] += excess
+                    self._prefill[1] += prefill_tokens
+            return
         p = self._period
         p[0] += 1
         p[1] += seconds
         p[2] += batch
-        if not prefill_tokens:
-            self.levels.add(batch, seconds)
+        self.levels.add(batch, seconds)
         if self.state == COLD and self.cap is not None and batch >= self.cap:
             r = self._round
             r[0] += 1
@@ -151,7 +166,7 @@ class LoopPolicy:
         """One finished request: its engine-clock seconds per token and the mean batch of its steps."""
         if seconds_per_token > 0 and math.isfinite(seconds_per_token) and mean_batch >= 1 and self._measured \
                 and self.beta is not None:
-            self.finished.append(seconds_per_token - self.beta * mean_batch - self._anchor)
+            self.finished.append(seconds_per_token - self.slope * mean_batch - self._anchor)
 
     def observe_feedback(self, ratio: float) -> None:
         if ratio > 0 and math.isfinite(ratio):
@@ -176,10 +191,26 @@ class LoopPolicy:
         """The measured spread, or SPREAD_PRIOR of the target before requests have finished."""
         return self.spread if self._spread_known else SPREAD_PRIOR * self.target
 
+    @property
+    def prefill_per_stream(self) -> float:
+        """Seconds of prefill each running stream brings into every step in steady admission: the
+        measured cost of a prefill token times the prefill tokens per stream-step (a prompt's tokens
+        over its request's life, read over minutes: a first wave's prefills count once they are done)."""
+        tokens, stream_steps = self._load
+        cost_seconds, cost_tokens = self._prefill
+        if not (stream_steps > 0 and cost_tokens > 0):
+            return 0.0
+        return (cost_seconds / cost_tokens) * (tokens / stream_steps)
+
+    @property
+    def slope(self) -> float:
+        """What one more running stream adds to the mean step: its decode (beta) and its prefill."""
+        return (self.beta or 0.0) + self.prefill_per_stream
+
     def _streams(self) -> float | None:
         if self.alpha is None or not self.beta:
             return None
-        return (self.target - self.spread_in_use - self.alpha) / self.beta
+        return (self.target - self.spread_in_use - self.alpha) / self.slope
 
     def _bounded(self, x: float | None) -> int | None:
         if x is None:
@@ -207,8 +238,8 @@ class LoopPolicy:
         x = self._bounded(self._streams())
         if x <= self.cap:  # at or past x: back, by at most half
             self._enter_track(max(self.cap - max(1, self.cap // 2), x))
-        else:  # short of x: until finished requests confirm it, the steps of a first wave are cheap ones
-            self._set(max(self.cap + 1, min(self.max_num_seqs, 2 * self.cap, int(SLOW_START_SHARE * x))))
+        else:  # short of x: toward it, a stream at least, at most double
+            self._set(max(self.cap + 1, min(self.max_num_seqs, 2 * self.cap, x)))
 
     def _enter_track(self, cap: int) -> None:
         self.state = TRACK
@@ -225,6 +256,9 @@ class LoopPolicy:
         move the cap; returns the reasons when the cap moved."""
         if self._last_refit is not None:
             self.levels.decay(0.5 ** ((now - self._last_refit) / LEVEL_HALFLIFE))
+            keep = 0.5 ** ((now - self._last_refit) / PREFILL_HALFLIFE)
+            self._load = [v * keep for v in self._load]
+            self._prefill = [v * keep for v in self._prefill]
         self._last_refit = now
         n, sum_t, sum_b = self._period
         if n < 2 * MIN_FINISHED:
@@ -279,5 +313,6 @@ class LoopPolicy:
         self.moves += 1
         self.cap = cap
         return (f"{before or 'none'} -> {cap} (streams at the floor {x:.1f}: target {self.target * 1e3:.1f} ms a "
-                f"token, mean step {self.alpha * 1e3:.1f} + {self.beta * 1e3:.2f} ms a stream, spread "
+                f"token, mean step {self.alpha * 1e3:.1f} + {self.beta * 1e3:.2f} + {self.prefill_per_stream * 1e3:.2f} "
+                f"(prefill) ms a stream, spread "
                 f"{self.spread_in_use * 1e3:.1f} ms, delivery/engine {self.ratio:.2f}; TTFT capacity {ttft_streams})")
