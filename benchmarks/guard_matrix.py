@@ -5,6 +5,7 @@ admission policy.  Deterministic (seeded), a few seconds of CPU.
     python benchmarks/guard_matrix.py            # writes benchmarks/results/guard_matrix.json and the
                                                  # table between the markers in docs/guard.md
     python benchmarks/guard_matrix.py --check    # exit 1 if docs/guard.md's table is not what this gives
+    python benchmarks/guard_matrix.py --seeds 2 3   # the gates each policy misses on other seeds (no file written)
 
 tests/unit/test_guard_matrix.py gates each scenario and checks docs/guard.md's table against this.
 """
@@ -29,8 +30,17 @@ OUT = ROOT / "benchmarks" / "results" / "guard_matrix.json"
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="only compare docs/guard.md's table")
+    ap.add_argument("--seeds", type=int, nargs="+", help="run every scenario on these seeds and list the gates "
+                    "each policy misses (writes nothing)")
     args = ap.parse_args(argv)
     t0 = time.process_time()
+    if args.seeds:
+        for seed in args.seeds:
+            matrix.reseed(seed)
+            for policy in matrix.policies():
+                short = matrix.short_gates(policy)
+                print(f"seed {seed}, {policy}: {len(short)} gate(s) short" + "".join(f"\n  {x}" for x in short))
+        return 0
     rows = matrix.table()
     table_md = matrix.markdown(rows)
     text = DOC.read_text(encoding="utf-8")

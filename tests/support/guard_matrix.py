@@ -192,6 +192,37 @@ def outcome(name: str, how: str) -> dict:
     return {"outcome": judge(run(s, how), s)}
 
 
+def reseed(seed: int) -> None:
+    """Every scenario on another seed (the oracle and the runs recomputed): how much of the table is luck."""
+    global SCENARIOS
+    SCENARIOS = tuple(replace(s, seed=seed) for s in SCENARIOS)
+    oracle.cache_clear()
+    outcome.cache_clear()
+
+
+def short_gates(policy: str) -> list[str]:
+    """The gates `policy` does not meet on the scenarios as seeded now (what tests/unit/test_guard_matrix.py
+    checks, in words)."""
+    out = []
+    for s in SCENARIOS:
+        if s.kind == "open":
+            best, g, off = oracle(s.name), outcome(s.name, policy), outcome(s.name, "off")
+            if (g["capacity"] or 0) < 0.9 * (best["capacity"] or 0) or (g["capacity"] or 0) < (off["capacity"] or 0):
+                out.append(f"{s.name}: capacity {g['capacity']}x against {best['capacity']}x")
+            continue
+        o = oracle(s.name)
+        best, g, off = o["outcome"], outcome(s.name, policy)["outcome"], outcome(s.name, "off")["outcome"]
+        if best.at_floor >= ATTAIN and g.at_floor < ATTAIN:
+            out.append(f"{s.name}: {g.at_floor:.0%} at the floor")
+        if g.goodput < 0.9 * best.goodput or g.goodput < off.goodput:
+            out.append(f"{s.name}: goodput {g.goodput / best.goodput:.2f}x the best static cap's")
+        if g.lost or g.limit_exceeded:
+            out.append(f"{s.name}: {g.lost} lost, limit passed {g.limit_exceeded} times")
+        if s.kind == "shift" and o["first_on_shift"].at_floor >= ATTAIN:
+            out.append(f"{s.name}: the first phase's cap still meets the floor")
+    return out
+
+
 def scenario(name: str) -> Scenario:
     return next(s for s in SCENARIOS if s.name == name)
 
