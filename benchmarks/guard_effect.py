@@ -1,29 +1,32 @@
-"""The SLO guard's effect on a served load: the tiny CPU server, guard off and on, the same overload.
+"""The SLO guard's effect on a served load: the tiny CPU server, guard off, the static oracle and
+the guard, judged on the same loads at two floors.
 
-One run, one server at a time:
+1. Calibration (a fresh guard-off server, kept in --json and reused unless --recalibrate): a
+   closed-loop sweep (--calibration-levels) gives the single-stream rate r1 and the step-time fit.
+   The two floors are bucket bounds near --far x r1 (0.55: far from the single-stream rate) and
+   --near x r1 (0.82: close to it); the capacity at each is the sweep fit's (what a user would read
+   from `vllm-spark bench` and set by hand).
+2. Per floor F, per round, three servers in turn, each fresh: guard off; the static oracle
+   (`--max-num-seqs` = the capacity at F); the guard (SPARK_PLUGIN_GUARD=admission,
+   SPARK_PLUGIN_FLOORS=F).  On each, the loads in order: `cold` (3x closed loop on the fresh
+   server), then a ramp (the fit's spread; the server is now warm), `warm` (the same 3x closed
+   loop), `poisson` (open-loop arrivals at 1.5x the capacity's request rate, TTFT SLO --ttft-slo),
+   `shift` (closed loop at 2x, output x4 and prompt x8 half way).  Every load is `vllm-spark bench
+   --scenario overload|poisson|shift` with the load given directly (--overload-streams /
+   --poisson-rate from the calibration), so the three servers get the same requests.
+3. The judging client runs on a core of its own (this process and the bench it starts are pinned
+   to core 1; every thread of the server to core 0, FIELD_NOTES 8), and every figure is also taken
+   from the server's own SLO counters over the run (`server_*`: its clock, its TTFT SLO, set to
+   --ttft-slo).
 
-1. guard off: a closed-loop ramp (levels 1 to --ramp-max) gives the API server's fit its spread; the
-   floor F is then chosen from that fit so that the live capacity at F is --target-capacity streams
-   (the tiny model's capacity at 20 tok/s is in the hundreds: the ramp could not pass it on a CPU);
-2. the overload, guard off, --rounds times: closed-loop at --overload times that capacity;
-3. a fresh server with SPARK_PLUGIN_GUARD=admission and SPARK_PLUGIN_FLOORS=F: the same ramp (the
-   engine core's own fit; the guard acts during it already), then the same overload --rounds times.
+Medians of --rounds rounds per (floor, load, server).  Results merge into --json cell by cell
+(floor, load, server): a run of some loads keeps the other cells, and what a run measured before a
+server died is kept; the markdown table of every cell is printed and written beside it (.md).
+The earlier admission figures (`runs`, `rounds`) and the prefill scenario (`prefill`) stay.
 
-Per overload round, from the client's per-request records (streams.csv): the share of requests whose
-per-stream rate meets F, rate goodput (output tokens of those per second), TTFT p50/p99, aggregate
-output tokens/s; with the guard its cap, the step-time tail it priced in (its log), the aggregate
-the fitted model gives at the cap, and how many requests it held.  Medians over the rounds; results
-go to benchmarks/results/guard_effect.json.
-
-Both overloads run through `vllm-spark bench --scenario overload --overload-streams N` (the same N
-for both servers).
-
-Prefill interference (`--only prefill`): `vllm-spark bench --scenario prefill-interference` on
-servers with max_model_len 4096 and a 4096-token step budget: --prefill-streams decode streams,
-then one prompt that fills max_model_len, --rounds times, guard off and `prefill`: the slowest
-running stream's rate over the prefill window and the long prompt's TTFT.
-
-    python benchmarks/guard_effect.py [--target-capacity 24] [--overload 3] [--requests 216] [--rounds 3]
+    python benchmarks/guard_effect.py                      # everything: about 2 hours here
+    python benchmarks/guard_effect.py --quick              # 1 round, the near floor, all loads: ~20 min
+    python benchmarks/guard_effect.py --quick --servers off,static --loads warm
     python benchmarks/guard_effect.py --only prefill [--prefill-floor 120] [--prefill-streams 8]
 """
 from __future__ import annotations
@@ -31,6 +34,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -45,10 +49,11 @@ from vllm_spark_plugin.testbed.tiny_model import SERVED_NAME, ensure_tiny_model
 
 
 def bench(server: VllmServer, out: Path, levels: str, requests: int, args, floor: float | None,
-          prompt: int = 32, output: int | None = None, wait: bool = True):
+          prompt: int = 32, output: int | None = None, wait: bool = True, duration: float | None = None):
     cmd = [sys.executable, "-m", "vllm_spark_plugin.cli", "bench", "--quiet", "--endpoint", server.base_url,
            "--model", SERVED_NAME, "--api", "completions", "--mode", "closed-loop", "--levels", levels,
-           "--trials", "1", "--no-warmup", "--requests", str(requests), "--workload", "random",
+           "--trials", "1", "--no-warmup", *(["--requests", str(requests)] if requests else []),
+           *(["--duration", f"{duration:g}"] if duration else []), "--workload", "random",
            "--random-input-len", str(prompt), "--output-tokens", str(output or args.output_tokens), "--out", str(out)]
     if floor is not None:
         cmd += ["--slo-floor", f"{floor:g}", "--slo-ttft", f"{args.ttft_slo:g}"]
@@ -144,119 +149,308 @@ def median(values):
     return statistics.median(vals) if vals else None
 
 
-def overloads(server: VllmServer, work: Path, name: str, level: int, floor: float, args, guard: bool) -> list[dict]:
-    """--rounds runs of `vllm-spark bench --scenario overload` at `level` streams (the same load for
-    guard off and on), judged at `floor`."""
-    rounds = []
+
+# ----------------------------------------------------------------------------- the admission matrix
+LOADS = ("cold", "warm", "poisson", "shift")
+SERVERS = ("off", "static", "guard")
+FLOOR_LABELS = ("far", "near")
+SERVER_CORE, CLIENT_CORE = 0, 1
+FIGURES = ("rate_met_share", "slo_met_share", "ttft_met_share", "rate_goodput_tokens_per_second",
+           "slo_goodput_tokens_per_second", "ttft_p50_s", "ttft_p99_s", "output_tokens_per_second",
+           "per_stream_median_tokens_per_second", "requests", "completed", "errors", "bunched_streams", "seconds",
+           "streams", "arrival_rate_per_second", "server_requests", "server_rate_met_share", "server_slo_met_share",
+           "server_rate_goodput_tokens_per_second", "server_slo_goodput_tokens_per_second", "guard_limit",
+           "guard_requests_held", "guard_mean_wait_s")
+
+
+def pin_self(core: int) -> bool:
+    """This process (and the bench processes it starts) on `core` only; False where the box has no
+    second core to give."""
+    if len(os.sched_getaffinity(0)) < 2:
+        return False
+    os.sched_setaffinity(0, {core})
+    return True
+
+
+def pin_server(server: VllmServer, core: int) -> int:
+    """Every thread of every process of the server's session (API server, engine cores, workers) on
+    `core`; threads they start later inherit it.  Returns how many threads were pinned."""
+    pinned = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.getsid(int(entry.name)) != server.proc.pid:
+                continue
+            for task in (entry / "task").iterdir():
+                os.sched_setaffinity(int(task.name), {core})
+                pinned += 1
+        except (OSError, ValueError):
+            continue  # gone meanwhile
+    return pinned
+
+
+def start(model: str, log: Path, env: dict, extra: list[str] | None = None, pinned: bool = True) -> VllmServer:
+    server = VllmServer(model_path=model, env=env, extra_args=extra or [], log_path=log)
+    if pinned:  # the server inherits core 0 (vLLM binds its compute threads within what it is allowed)
+        os.sched_setaffinity(0, {SERVER_CORE})
+    try:
+        server.start(timeout=900)
+    finally:
+        if pinned:
+            os.sched_setaffinity(0, {CLIENT_CORE})
+    server.prioritize_frontend()
+    if pinned:
+        pin_server(server, SERVER_CORE)
+    return server
+
+
+def nearest_floor(rate: float) -> float:
+    from vllm_spark_plugin.definitions import STREAM_RATE_BUCKETS  # a floor must be a bucket bound
+    return float(min(STREAM_RATE_BUCKETS, key=lambda b: abs(b - rate)))
+
+
+def calibrate(args, model: str, work: Path, pinned: bool) -> dict:
+    """A fresh guard-off server, a closed-loop sweep: the single-stream rate, the fit, the two floors
+    and the capacity at each (the fit of the sweep's points: what a user would set by hand)."""
+    from vllm_spark_plugin.definitions import SweepPoint
+    from vllm_spark_plugin.knee.fit import fit_points
+    server = start(model, work / "calibration.log", {"SPARK_PLUGIN_GUARD": "off"}, pinned=pinned)
+    try:  # a warm-up first: a fresh server's first requests are slow, and level 1 sets the floors
+        bench(server, work / "calibration-warmup", "8", 16, args, None, prompt=args.prompt_tokens)
+        rows = bench(server, work / "calibration", args.calibration_levels, None, args, None,
+                     prompt=args.prompt_tokens)
+    finally:
+        server.stop()
+    points = [SweepPoint(concurrency=float(r["concurrency"]), per_stream_tokens_per_second=float(r["per_stream_median_tps"]),
+                         aggregate_tokens_per_second=float(r["aggregate_tps"])) for r in rows]
+    single = next(p.per_stream_tokens_per_second for p in points if p.concurrency == 1)
+    floors = {"far": nearest_floor(args.far * single), "near": nearest_floor(args.near * single)}
+    fit = fit_points(points, floors=tuple(floors.values()), bootstrap=0)
+    capacity = {label: fit.capacity_at(f) for label, f in floors.items()}
+    if not all(capacity.values()):
+        raise RuntimeError(f"the calibration sweep gives no capacity at {floors}: {capacity} (fit {fit})")
+    return {"single_stream_tps": single, "alpha_s": fit.alpha_seconds, "beta_s": fit.beta_seconds,
+            "knee": fit.knee, "floors": floors, "capacity": capacity,
+            "points": [{"concurrency": p.concurrency, "per_stream_tps": p.per_stream_tokens_per_second,
+                        "aggregate_tps": p.aggregate_tokens_per_second} for p in points]}
+
+
+def load_args(load: str, floor: float, cap: int, args, round_index: int) -> tuple[str, list[str]]:
+    """`vllm-spark bench` scenario and options for one load at the capacity `cap` at `floor`."""
+    common = ["--slo-floor", f"{floor:g}", "--slo-ttft", f"{args.ttft_slo:g}", "--output-tokens",
+              str(args.output_tokens), "--workload", "random", "--random-input-len", str(args.prompt_tokens),
+              "--seed", str(round_index)]
+    if load == "poisson":
+        rate = args.poisson * cap * floor / args.output_tokens
+        n = max(args.min_requests, 3 * round(args.poisson * cap))
+        return "poisson", common + ["--poisson-rate", f"{rate:.4f}", "--overload-requests", str(n)]
+    factor = args.shift_factor if load == "shift" else args.closed
+    streams = max(1, round(factor * cap))
+    n = max(args.min_requests, 3 * streams)
+    return ("shift" if load == "shift" else "overload"), common + [
+        "--overload-streams", str(streams), "--overload-requests", str(n)]
+
+
+def measure(server: VllmServer, load: str, floor: float, cap: int, args, out: Path, round_index: int) -> dict:
+    name, extra = load_args(load, floor, cap, args, round_index)
+    r = scenario(server, out, name, args, *extra)
+    row = {k: r.get(k) for k in FIGURES}
+    if load == "shift":
+        row["after_rate_met_share"] = r["phases"]["after"]["rate_met_share"]
+        row["after_ttft_p99_s"] = r["phases"]["after"]["ttft_p99_s"]
+    row["guard_cap_logged"], row["tail"] = last_guard_cap(server.log_path)
+    return row
+
+
+class Matrix:
+    """The cells (floor, load, server) of --json, merged: a cell measured in this run replaces its
+    earlier rounds; every other cell stays.  Saved after every measurement."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.data = json.loads(path.read_text()) if path.exists() else {}
+        self.m = self.data.setdefault("matrix", {"cells": {}})
+        self.touched: set[str] = set()
+
+    def add(self, label: str, floor: float, cap: int, load: str, mode: str, row: dict | None, error: str | None = None):
+        key = f"{label}/{load}/{mode}"
+        cell = self.m["cells"].get(key)
+        if key not in self.touched or cell is None:
+            cell = self.m["cells"][key] = {"floor_label": label, "floor": floor, "capacity": cap, "load": load,
+                                           "server": mode, "rounds": [], "errors": []}
+            self.touched.add(key)
+        if row is not None:
+            cell["rounds"].append(row)
+        if error is not None:
+            cell["errors"].append(error)
+        cell["median"] = {k: median(r.get(k) for r in cell["rounds"]) for k in
+                          dict.fromkeys(k for r in cell["rounds"] for k in r)
+                          if all(isinstance(r.get(k), (int, float, type(None))) for r in cell["rounds"])}
+        self.save()
+
+    def save(self) -> None:
+        self.path.write_text(json.dumps(self.data, indent=2) + "\n")
+        md = self.markdown()
+        self.path.with_suffix(".md").write_text(md)
+
+    def markdown(self) -> str:
+        cal = self.m.get("calibration") or {}
+        out = ["# SLO guard: guard off, the static oracle and the guard on the CPU server", "",
+               "`benchmarks/guard_effect.py` (results: `guard_effect.json`, key `matrix`). Medians over the rounds; "
+               "shares are of all offered requests; `server` figures are the server's own SLO counters over the run.", ""]
+        if cal:
+            out += [f"Calibration (guard off, closed-loop sweep): single-stream rate {cal['single_stream_tps']:.0f} tok/s, "
+                    f"alpha {1e3 * cal['alpha_s']:.2f} ms, beta {1e3 * cal['beta_s']:.3f} ms; floors "
+                    + ", ".join(f"{k} {cal['floors'][k]:g} tok/s (capacity {cal['capacity'][k]})" for k in cal["floors"]), ""]
+        cells = self.m["cells"]
+
+        def pct(v):
+            return "-" if v is None else f"{100 * v:.0f}%"
+
+        def num(v, spec=".0f"):
+            return "-" if v is None else format(v, spec)
+        for label in FLOOR_LABELS:
+            mine = [c for c in cells.values() if c["floor_label"] == label]
+            if not mine:
+                continue
+            out += [f"## Floor {mine[0]['floor']:g} tok/s ({label}; capacity {mine[0]['capacity']} streams, "
+                    f"TTFT SLO {self.data.get('matrix_args', {}).get('ttft_slo', '?')} s)", "",
+                    "| load | server | at the floor | both SLOs | rate goodput tok/s | TTFT p50 / p99 s | aggregate tok/s "
+                    "| server: floor / both | cap, held (mean wait s) | rounds |",
+                    "|---|---|---|---|---|---|---|---|---|---|"]
+            for load in LOADS:
+                for mode in SERVERS:
+                    c = cells.get(f"{label}/{load}/{mode}")
+                    if c is None:
+                        continue
+                    m = c.get("median", {})
+                    guard = (f"{num(m.get('guard_limit'))}, {num(m.get('guard_requests_held'))} "
+                             f"({num(m.get('guard_mean_wait_s'), '.2f')})" if m.get("guard_limit") is not None else "-")
+                    failed = f" ({len(c['errors'])} failed)" if c["errors"] else ""
+                    out.append(f"| {load} | {mode} | {pct(m.get('rate_met_share'))} | {pct(m.get('slo_met_share'))} | "
+                               f"{num(m.get('rate_goodput_tokens_per_second'))} | {num(m.get('ttft_p50_s'), '.2f')} / "
+                               f"{num(m.get('ttft_p99_s'), '.2f')} | {num(m.get('output_tokens_per_second'))} | "
+                               f"{pct(m.get('server_rate_met_share'))} / {pct(m.get('server_slo_met_share'))} | {guard} | "
+                               f"{len(c['rounds'])}{failed} |")
+            out.append("")
+        return "\n".join(out)
+
+
+def run_server(mode: str, label: str, floor: float, cap: int, loads: list[str], k: int, args, model: str,
+               work: Path, matrix: Matrix, pinned: bool) -> None:
+    """One fresh server (guard off, static oracle or guard) through `loads` in order; a server that
+    dies costs only its remaining loads (recorded as errors)."""
+    env = {"SPARK_PLUGIN_GUARD": "admission" if mode == "guard" else "off", "SPARK_PLUGIN_FLOORS": f"{floor:g}",
+           "SPARK_PLUGIN_TTFT_SLO_SECONDS": f"{args.ttft_slo:g}", "SPARK_PLUGIN_KNEE_REFIT_SECONDS": "2"}
+    extra = ["--max-num-seqs", str(cap)] if mode == "static" else []
+    tag = f"{label}-{mode}-{k}"
+    todo = list(loads)
+    server = None
+    try:
+        server = start(model, work / f"{tag}.log", env, extra, pinned)
+        warm = False
+        while todo:
+            load = todo[0]
+            if load != "cold" and not warm:
+                bench(server, work / f"ramp-{tag}", args.ramp, None, args, None, prompt=args.prompt_tokens,
+                      duration=args.ramp_seconds)
+                warm = True
+            row = measure(server, load, floor, cap, args, work / f"{tag}-{load}", k)
+            todo.pop(0)
+            matrix.add(label, floor, cap, load, mode, row)
+            print(f"{label} {floor:g} tok/s, {load}, {mode}, round {k + 1}: " + json.dumps(
+                {x: row.get(x) for x in ("rate_met_share", "slo_met_share", "rate_goodput_tokens_per_second",
+                                         "ttft_p50_s", "ttft_p99_s", "output_tokens_per_second",
+                                         "server_rate_met_share", "guard_limit", "bunched_streams")}), flush=True)
+    except Exception as exc:  # noqa: BLE001 - keep what was measured, say what failed, go on
+        why = f"{type(exc).__name__}: {str(exc)[-600:]}"
+        print(f"{tag}: failed ({why}); {len(todo)} load(s) not measured", flush=True)
+        for load in todo:
+            matrix.add(label, floor, cap, load, mode, None, why)
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def matrix_main(args, model: str, work: Path) -> int:
+    out_json = Path(args.json)
+    out_json.parent.mkdir(parents=True, exist_ok=True)
+    matrix = Matrix(out_json)
+    pinned = pin_self(CLIENT_CORE)
+    if not pinned:
+        print("one core only: the client is not pinned apart from the server (FIELD_NOTES 8)", flush=True)
+    matrix.data["matrix_args"] = {k: v for k, v in vars(args).items() if k not in ("json",)}
+    cal = matrix.m.get("calibration")
+    if cal is None or args.recalibrate:
+        cal = matrix.m["calibration"] = calibrate(args, model, work, pinned)
+        matrix.save()
+    print(f"calibration: single stream {cal['single_stream_tps']:.0f} tok/s; floors {cal['floors']}, "
+          f"capacities {cal['capacity']}", flush=True)
     for k in range(args.rounds):
-        r = scenario(server, work / f"overload-{name}-{k}", "overload", args, "--slo-floor", f"{floor:g}",
-                     "--overload-streams", str(level), "--overload-requests", str(args.requests),
-                     "--output-tokens", str(args.output_tokens), "--workload", "random", "--random-input-len", "32")
-        if guard:
-            m1 = metrics(server)
-            r["guard_cap_logged"], r["tail"] = last_guard_cap(server.log_path)
-            a, b = one(m1, "vllm_spark_step_alpha_seconds"), one(m1, "vllm_spark_step_beta_seconds")
-            cap = r["guard_limit"]
-            if a and b and cap:
-                r["model_aggregate_at_cap_tps"] = cap / (a + b * cap)
-                r["model_aggregate_at_cap_with_tail_tps"] = cap / ((a + b * cap) * (r["tail"] or 1.0))
-            r["guard_errors"] = one(m1, "vllm_spark_plugin_errors_total", 'where="guard"')
-        rounds.append(r)
-        print(f"{name} round {k + 1}: {json.dumps({x: r[x] for x in SHOWN if x in r})}", flush=True)
-    return rounds
+        for label in args.floors:
+            floor, cap = cal["floors"][label], cal["capacity"][label]
+            for mode in args.servers:
+                run_server(mode, label, floor, cap, args.loads, k, args, model, work, matrix, pinned)
+    md = matrix.markdown()
+    print(md)
+    return 0
 
 
-SHOWN = ("rate_met_share", "rate_goodput_tokens_per_second", "ttft_p50_s", "ttft_p99_s", "output_tokens_per_second",
-         "per_stream_median_tokens_per_second", "guard_limit", "tail", "model_aggregate_at_cap_tps",
-         "model_aggregate_at_cap_with_tail_tps", "guard_requests_held", "guard_mean_wait_s", "errors")
+def _names(allowed):
+    def parse(text: str) -> list[str]:
+        vals = [v.strip() for v in text.split(",") if v.strip()]
+        bad = [v for v in vals if v not in allowed]
+        if bad or not vals:
+            raise argparse.ArgumentTypeError(f"choose from {', '.join(allowed)}, got {text!r}")
+        return [v for v in allowed if v in vals]  # in the harness's order (cold first)
+    return parse
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--target-capacity", type=int, default=24)
-    p.add_argument("--overload", type=float, default=3.0)
+    p.add_argument("--quick", action="store_true", help="1 round, the near floor (unless --floors): about 20 minutes")
+    p.add_argument("--floors", type=_names(FLOOR_LABELS), default=None, help="far,near (default: both; --quick: near)")
+    p.add_argument("--loads", type=_names(LOADS), default=list(LOADS), help="cold,warm,poisson,shift (default: all)")
+    p.add_argument("--servers", type=_names(SERVERS), default=list(SERVERS), help="off,static,guard (default: all)")
+    p.add_argument("--rounds", type=int, default=None, help="rounds per cell (default 3; --quick: 1)")
+    p.add_argument("--recalibrate", action="store_true", help="sweep again instead of reusing the calibration in --json")
+    p.add_argument("--far", type=float, default=0.55, help="far floor as a fraction of the single-stream rate")
+    p.add_argument("--near", type=float, default=0.82, help="near floor as a fraction of the single-stream rate")
+    p.add_argument("--calibration-levels", default="1,2,4,8,16,32,64")
+    p.add_argument("--closed", type=float, default=3.0, help="cold, warm: closed-loop streams x the capacity")
+    p.add_argument("--poisson", type=float, default=1.5, help="poisson: arrival rate x the capacity's request rate")
+    p.add_argument("--shift-factor", type=float, default=2.0, help="shift: closed-loop streams x the capacity")
+    p.add_argument("--min-requests", type=int, default=48, help="requests per load at least")
+    p.add_argument("--prompt-tokens", type=int, default=32)
     p.add_argument("--ramp", default="1,2,4,8,16,32,64,128")
-    p.add_argument("--ramp-requests", type=int, default=48)
-    p.add_argument("--requests", type=int, default=216)
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--ramp-requests", type=int, default=48, help="prefill: requests per ramp level")
+    p.add_argument("--ramp-seconds", type=float, default=4.0,
+                   help="admission matrix: seconds of new requests per ramp level (in-flight ones finish)")
     p.add_argument("--output-tokens", type=int, default=128)
-    p.add_argument("--ttft-slo", type=float, default=2.0)
+    p.add_argument("--ttft-slo", type=float, default=2.0, help="TTFT SLO, seconds (a TTFT bucket bound)")
     p.add_argument("--json", default=str(Path(__file__).parent / "results" / "guard_effect.json"))
-    p.add_argument("--only", choices=("admission", "prefill"), help="one scenario (the other kept from --json)")
+    p.add_argument("--only", choices=("prefill",), help="the prefill-interference scenario instead (kept in --json)")
     p.add_argument("--prefill-floor", type=float, default=120.0)
     p.add_argument("--prefill-streams", type=int, default=8)
     args = p.parse_args(argv)
+    args.rounds = args.rounds or (1 if args.quick else 3)
+    args.floors = args.floors or (["near"] if args.quick else list(FLOOR_LABELS))
     model = str(ensure_tiny_model())
     work = Path(tempfile.mkdtemp(prefix="guard-"))
-    result: dict = {"args": vars(args), "runs": {}}
-    out_json = Path(args.json)
-    out_json.parent.mkdir(parents=True, exist_ok=True)
+    print(f"server logs and bench outputs: {work}", flush=True)
     prioritize_client()
-    refit = {"SPARK_PLUGIN_KNEE_REFIT_SECONDS": "2"}
-    if args.only == "prefill":
-        kept = json.loads(out_json.read_text()) if out_json.exists() else {}
-        kept["prefill"] = prefill_scenario(args, model, work, args.prefill_floor)
-        out_json.write_text(json.dumps(kept, indent=2) + "\n")
-        for mode in ("off", "prefill"):
-            r = kept["prefill"][mode]
-            print(f"{mode:>8} (median of {args.rounds}): slowest stream over the prefill {r['slowest_tps']} tok/s "
-                  f"(median {r['median_tps']}, baseline {r['baseline_tps']}), window {r['window_s']} s, long prompt "
-                  f"TTFT {r['long_prompt_ttft_s']} s, completed {r['long_completed']}, budget {r['prefill_budget_tokens']}")
-        return 0
-
+    if args.only != "prefill":
+        return matrix_main(args, model, work)
+    out_json = Path(args.json)
     kept = json.loads(out_json.read_text()) if out_json.exists() else {}
-    if "prefill" in kept:  # the other scenario's last figures stay
-        result["prefill"] = kept["prefill"]
-    server = VllmServer(model_path=model, env={"SPARK_PLUGIN_GUARD": "off", **refit}, log_path=work / "off.log")
-    try:
-        server.start(timeout=900)
-        server.prioritize_frontend()
-        bench(server, work / "ramp-off", args.ramp, args.ramp_requests, args, None)
-        time.sleep(5)
-        m = metrics(server)
-        alpha, beta = one(m, "vllm_spark_step_alpha_seconds"), one(m, "vllm_spark_step_beta_seconds")
-        if not alpha or not beta:
-            raise RuntimeError(f"the ramp gave no fit: alpha={alpha} beta={beta}")
-        from vllm_spark_plugin.definitions import STREAM_RATE_BUCKETS  # a floor must be a bucket bound
-        want = 1.0 / (alpha + beta * (args.target_capacity + 0.5))
-        floor = min(STREAM_RATE_BUCKETS, key=lambda b: abs(b - want))
-        level = int(round(args.overload * args.target_capacity))
-        result.update(fit_off={"alpha_s": alpha, "beta_s": beta, "knee": one(m, "vllm_spark_knee_batch_size"),
-                               "live_capacity_at_floor": one(m, "vllm_spark_capacity_streams", f'floor="{floor:g}"')},
-                      floor=floor, overload_concurrency=level, rounds={})
-        print(f"fit alpha={alpha:.5f} s beta={beta:.6f} s: floor {floor} tok/s gives capacity "
-              f"{args.target_capacity}; overload at {level} streams", flush=True)
-        result["rounds"]["off"] = overloads(server, work, "off", level, floor, args, guard=False)
-        out_json.write_text(json.dumps(result, indent=2) + "\n")
-    finally:
-        server.stop()
-
-    env = {"SPARK_PLUGIN_GUARD": "admission", "SPARK_PLUGIN_FLOORS": f"{floor:g}", **refit}
-    server = VllmServer(model_path=model, env=env, log_path=work / "on.log")
-    try:
-        server.start(timeout=900)
-        server.prioritize_frontend()
-        bench(server, work / "ramp-on", args.ramp, args.ramp_requests, args, None)
-        result["guard_cap_before"] = one(metrics(server), "vllm_spark_guard_admission_limit")
-        result["rounds"]["admission"] = overloads(server, work, "admission", level, floor, args, guard=True)
-        m1 = metrics(server)
-        result["fit_on"] = {"alpha_s": one(m1, "vllm_spark_step_alpha_seconds"),
-                            "beta_s": one(m1, "vllm_spark_step_beta_seconds"),
-                            "knee": one(m1, "vllm_spark_knee_batch_size")}
-    finally:
-        server.stop()
-    result["runs"] = {name: {key: median(r.get(key) for r in rounds) for key in rounds[0]
-                             if all(isinstance(r.get(key), (int, float, type(None))) for r in rounds)}
-                      for name, rounds in result["rounds"].items()}
-    off, on = result["runs"]["off"], result["runs"]["admission"]
-    # guard off at three times the capacity, often no request meets the floor: the ratio is unbounded
-    result["goodput_ratio"] = (on["rate_goodput_tokens_per_second"] / off["rate_goodput_tokens_per_second"]
-                               if off.get("rate_goodput_tokens_per_second") else None)
-    out_json.write_text(json.dumps(result, indent=2) + "\n")
-    for name, r in result["runs"].items():
-        print(f"{name:>9} (median of {args.rounds}): " + json.dumps({x: r.get(x) for x in SHOWN if x in r}))
-    print("rate goodput with/without the guard: " + (f"{result['goodput_ratio']:.2f}x" if result["goodput_ratio"]
-          else f"{on['rate_goodput_tokens_per_second']:.0f} tok/s against 0 without it"))
+    kept["prefill"] = prefill_scenario(args, model, work, args.prefill_floor)
+    out_json.write_text(json.dumps(kept, indent=2) + "\n")
+    for mode in ("off", "prefill"):
+        r = kept["prefill"][mode]
+        print(f"{mode:>8} (median of {args.rounds}): slowest stream over the prefill {r['slowest_tps']} tok/s "
+              f"(median {r['median_tps']}, baseline {r['baseline_tps']}), window {r['window_s']} s, long prompt "
+              f"TTFT {r['long_prompt_ttft_s']} s, completed {r['long_completed']}, budget {r['prefill_budget_tokens']}")
     return 0
 
 
