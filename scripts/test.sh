@@ -29,9 +29,31 @@ if [ "${1:-}" = "--fast" ]; then
 fi
 
 bash scripts/setup.sh
+# The other environments the run needs, built side by side in the background while the line below
+# builds the contract tier's (installs wait on the package registry and the disk more than on the
+# CPU; one after another they took most of a fresh run's set-up): the release window's
+# (CI_RELEASES; scripts/release-matrix.sh --ci then finds them ready) and the sweep tools'
+# (tests/integration/test_sweep_tools.py), so no install runs inside a tier beside a timed server.
+# Each step logs to .cache/prepare-NAME.log; one that fails here fails again, with its reason, in
+# the step that needs it.
+prepare() {  # prepare NAME command...: in the background, never fails the script
+  ( name=$1 t0=$SECONDS; shift
+    if "$@" >".cache/prepare-$name.log" 2>&1; then echo "test: $name ready ($((SECONDS - t0)) s)"
+    else echo "test: preparing $name failed (.cache/prepare-$name.log); the step that needs it says why"; fi ) &
+}
+# the release the foreground line below builds is left to it (two builds of one environment collide)
+foreground=$(sed -n 's/^bash scripts\/release-env\.sh \([^ ]*\) .*/\1/p' scripts/test.sh | head -n 1)
+for rel in $(PYTHONPATH=. .venv/bin/python -c "from vllm_spark_plugin.vllm import releases as r
+print(*(f'{v}:{r.RELEASES.get(v, \"cpu\")}' for v in r.CI_RELEASES))"); do
+  v=${rel%%:*} kind=${rel#*:}
+  case "$kind" in cpu|cuda) [ "$v" = "$foreground" ] || prepare "vllm-$v" bash scripts/release-env.sh "$v" "$kind" ;; esac
+done
+prepare aiperf bash scripts/tool-env.sh aiperf
+prepare guidellm bash scripts/tool-env.sh guidellm  # after set-up: it reuses .venv's CPU torch
 # the 0.33.0 CUDA build's libraries are what the FP4 kernel-payload checks read (tests/contract):
 # made here, before the tiers, not left to the release-window step that comes after them
 bash scripts/release-env.sh 0.33.0 cuda
+wait  # the environments prepared above: no install runs beside the tiers
 rc=0
 run_pytest .venv/bin/python -ra --durations=15 "$@" || rc=$?
 if [ $# -eq 0 ]; then
