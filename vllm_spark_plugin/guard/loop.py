@@ -282,7 +282,7 @@ class LoopPolicy:
             # period's mean-step intercept when it finished; the cohort's 90th percentile is what the
             # mean step misses.  Per cohort, smoothed: requests that straddled a change of load (a
             # shift, the first wave of a closed loop) weigh on one or two readings, not on a minute's
-            spread = quantile(self.finished, SPREAD_QUANTILE)
+            spread = max(0.0, quantile(self.finished, SPREAD_QUANTILE))  # the 90th percentile is above the mean
             self.finished.clear()
             self.spread = self.spread_in_use + SMOOTH * (spread - self.spread_in_use)  # from the prior at first
             self._spread_known = True
