@@ -171,9 +171,9 @@ def test_doctor_reads_the_settings_file_the_server_reads(tmp_path):
     """SPARK_PLUGIN_CONFIG counts for doctor as for the server: a backend named only in the file is
     checked, and a bad SLO there is one failing line naming the key."""
     cfg = tmp_path / "spark.json"
-    cfg.write_text('{"moe_backend": "not-a-backend", "floors": "17"}')
+    cfg.write_text('{"moe_backend": "not-a-backend", "floors": "-5"}')
     checks = {c.name: c for c in doctor.run_checks({"SPARK_PLUGIN_CONFIG": str(cfg)})}
     assert checks["moe_setting"].status == doctor.FAIL and "not-a-backend" in checks["moe_setting"].detail
-    assert checks["settings"].status == doctor.FAIL and "SPARK_PLUGIN_FLOORS='17'" in checks["settings"].detail
+    assert checks["settings"].status == doctor.FAIL and "SPARK_PLUGIN_FLOORS='-5'" in checks["settings"].detail
     ok = {c.name: c for c in doctor.run_checks({})}
     assert ok["settings"].status == doctor.OK and "moe_setting" not in ok
