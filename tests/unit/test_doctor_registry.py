@@ -151,6 +151,16 @@ def test_rules_on_a_floor_the_server_does_not_export_fail_with_the_regeneration(
     assert "SPARK_PLUGIN_FLOORS including 20" in c.fix
 
 
+def test_rules_reading_a_bucket_the_server_does_not_export_fail(tmp_path, serve_metrics):
+    """Same floor, another TTFT SLO: the rules read the TTFT histogram at a bound the server lacks."""
+    for name, text in grafana_rules.render_files(SLOConfig(ttft_slo_seconds=7)).items():
+        (tmp_path / name).write_text(text)
+    c = rules_row(tmp_path, endpoint=serve_metrics(metrics_text((20.0,))), rules=[str(tmp_path)])
+    assert c.status == doctor.FAIL and "select 20 tok/s" in c.detail
+    assert "buckets the server does not export: vllm_spark_ttft_seconds le=7" in c.detail
+    assert "--ttft-slo" in c.fix and "SPARK_PLUGIN_FLOORS" not in c.fix
+
+
 def test_a_server_with_more_floors_than_the_rules_watch_is_noted(tmp_path, serve_metrics):
     url = serve_metrics(metrics_text((20.0, 40.0)))
     c = rules_row(tmp_path, endpoint=url.removeprefix("http://"), rules=[str(ALERTS)])

@@ -5,7 +5,8 @@ The rules (`vllm-spark dashboards --floor F`) pick the server's capacity and SLO
 `floor` label; rules generated for a floor the server does not export (SPARK_PLUGIN_FLOORS) select
 nothing, and their SLO alerts stay silent without a word.  A server's floors are the `floor` labels
 of its capacity gauge and SLO counters on /metrics (the counters exist from the engine's start); a
-rules file's floors are its `floor` matchers.  Without `--rules` doctor reads the deploy's rules:
+rules file's floors are its `floor` matchers.  The histogram bounds the rules select (`le`: each
+floor and the TTFT SLO) must be buckets the server exports too (`metrics.bounds.unmatched_bounds`).  Without `--rules` doctor reads the deploy's rules:
 the repository's `alerts/` (compose mounts it) or the systemd deploy's folder.
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ import urllib.request
 from pathlib import Path
 
 from vllm_spark_plugin.doctor.check import FAIL, INFO, NA, OK, WARN, Check
+from vllm_spark_plugin.metrics import bounds
 from vllm_spark_plugin.metrics import names as N
 
 NAME = "rules_floors"
@@ -114,9 +116,11 @@ def check(ctx) -> Check:
         return Check(NAME, WARN, "no rules file found (looked in " + ", ".join(f"{h}/" for h in RULES_HOMES) + ")",
                      "pass --rules FILE_OR_DIR: the rules Prometheus loads for this server")
     rules: set[float] = set()
+    texts = []
     for f in files:
         try:
-            rules.update(rules_floors(f.read_text(encoding="utf-8")))
+            texts.append(f.read_text(encoding="utf-8"))
+            rules.update(rules_floors(texts[-1]))
         except (OSError, UnicodeDecodeError, ValueError) as exc:
             return Check(NAME, FAIL, f"{f}: {exc}", "pass the rules files `vllm-spark dashboards` wrote (--rules)")
     where = ", ".join(str(f) for f in files)
@@ -125,7 +129,8 @@ def check(ctx) -> Check:
                      "pass the rules `vllm-spark dashboards` wrote (--rules FILE_OR_DIR)")
     url = metrics_url(ctx.endpoint)
     try:
-        server = server_floors(fetch_metrics(ctx.endpoint))
+        metrics_text = fetch_metrics(ctx.endpoint)
+        server = server_floors(metrics_text)
     except (OSError, urllib.error.URLError, ValueError) as exc:
         return Check(NAME, FAIL, f"cannot read {url}: {getattr(exc, 'reason', None) or exc}",
                      "pass the server's base URL (--endpoint http://HOST:PORT) and check that it serves")
@@ -134,13 +139,17 @@ def check(ctx) -> Check:
                      "there or no engine has started", "run `vllm-spark doctor` on the server's host (plugin, VLLM_PLUGINS)")
     said = f"the rules ({where}) select {_floors_text(sorted(rules))}; the server ({url}) exports {_floors_text(server)}"
     missing = sorted(rules - set(server))
-    if missing:
-        folder = files[0].parent
-        return Check(NAME, FAIL, f"{said}: rules on {_floors_text(missing)} select no series, so their SLO alerts "
-                     "stay silent", "regenerate the rules for the server's floor: "
-                     + REGENERATE.format(floor=f"{server[0]:g}", folder=folder)
-                     + " (keep the other options; the rules' second line lists them), then reload Prometheus; "
-                     "or serve with SPARK_PLUGIN_FLOORS including " + ",".join(f"{f:g}" for f in missing))
+    unmatched = sorted({u for text in texts for u in bounds.unmatched_bounds(text, metrics_text)})
+    if missing or unmatched:
+        wrong = ([f"rules on {_floors_text(missing)} select no series"] if missing else []) + (
+            ["they read buckets the server does not export: " + "; ".join(unmatched)] if unmatched else [])
+        return Check(NAME, FAIL, f"{said}: " + ", and ".join(wrong) + ", so their SLO alerts stay silent",
+                     "regenerate the rules for the server's SLO: "
+                     + REGENERATE.format(floor=f"{server[0]:g}", folder=files[0].parent)
+                     + " (with the server's TTFT SLO as --ttft-slo; keep the other options, the rules' second line "
+                     "lists them), then reload Prometheus"
+                     + ("; or serve with SPARK_PLUGIN_FLOORS including " + ",".join(f"{f:g}" for f in missing)
+                        if missing else ""))
     if set(server) - rules:
         return Check(NAME, INFO, f"{said}: no rule watches {_floors_text(sorted(set(server) - rules))}")
     return Check(NAME, OK, said)
