@@ -65,12 +65,15 @@ def run_streams_with_arrivals(base_url: str, model: str, concurrency: int, max_t
 
 
 def measured_waves(server, concurrency: int, waves: int, max_tokens: int, tag: str) -> dict:
-    """`waves` rounds of `concurrency` streams between two idle scrapes of the server's /metrics:
-    {"before": scrape, "after": scrape, "streams": [StreamTiming, ...]}."""
+    """`waves` rounds of `concurrency` streams between two idle scrapes of the server's /metrics, the
+    client on a core of its own (support/cores.py) while it times them:
+    {"before": scrape, "after": scrape, "streams": [StreamTiming, ...], "own_core": bool}."""
+    from support.cores import client_core
     from support.scrape import wait_idle
     before = wait_idle(server.metrics_url)
     streams = []
-    for w in range(waves):
-        streams += run_streams(server.base_url, server.model, concurrency, max_tokens=max_tokens,
-                               prompt_prefix=f"{tag}c{concurrency}w{w}")
-    return dict(before=before, after=wait_idle(server.metrics_url), streams=streams)
+    with client_core(server) as own_core:
+        for w in range(waves):
+            streams += run_streams(server.base_url, server.model, concurrency, max_tokens=max_tokens,
+                                   prompt_prefix=f"{tag}c{concurrency}w{w}")
+    return dict(before=before, after=wait_idle(server.metrics_url), streams=streams, own_core=own_core)
