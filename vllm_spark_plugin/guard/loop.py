@@ -57,18 +57,32 @@ class StepLevels:
     """Decayed count and sum of step seconds per batch size (decode-only steps); the slope from a
     weighted least-squares line through the level means."""
 
-    __slots__ = ("n", "s")
+    __slots__ = ("n", "s", "first")
 
     def __init__(self) -> None:
         self.n: dict[int, float] = {}
         self.s: dict[int, float] = {}
+        self.first: dict[int, list[float]] = {}  # a new level's first steps, until their median is known
 
     def add(self, batch: int, seconds: float) -> None:
-        n = self.n.get(batch, 0.0)
-        if n >= MIN_LEVEL_STEPS and seconds > OUTLIER * self.s[batch] / n:
+        n = self.n.get(batch)
+        if n is None:
+            # A new level's first steps wait until there are MIN_LEVEL_STEPS of them and join against their
+            # median: a slow step (one in 50, 4x) let in among a level's first few raised its mean by 2-3 ms
+            # for minutes, and a low level read high is a slope read low (0.8 ms where 1.2 was true).
+            first = self.first.setdefault(batch, [])
+            first.append(seconds)
+            if len(first) < MIN_LEVEL_STEPS:
+                return
+            del self.first[batch]
+            mid = sorted(first)[len(first) // 2]
+            kept = [t for t in first if t <= OUTLIER * mid]
+            self.n[batch], self.s[batch] = float(len(kept)), sum(kept)
+            return
+        if seconds > OUTLIER * self.s[batch] / n:
             return  # a slow step (the tail): the anchor and the spread carry it, the slope does not
         self.n[batch] = n + 1.0
-        self.s[batch] = self.s.get(batch, 0.0) + seconds
+        self.s[batch] = self.s[batch] + seconds
 
     def decay(self, factor: float) -> None:
         for b in list(self.n):
