@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 
@@ -64,15 +65,16 @@ def run_streams_with_arrivals(base_url: str, model: str, concurrency: int, max_t
     return asyncio.run(main())
 
 
-def measured_waves(server, concurrency: int, waves: int, max_tokens: int, tag: str) -> dict:
+def measured_waves(server, concurrency: int, waves: int, max_tokens: int, tag: str, own_core: bool = True) -> dict:
     """`waves` rounds of `concurrency` streams between two idle scrapes of the server's /metrics, the
-    client on a core of its own (support/cores.py) while it times them:
+    client on a core of its own (support/cores.py) while it times them, unless `own_core` is False (a
+    caller that gates on nothing the client times leaves the server all its cores):
     {"before": scrape, "after": scrape, "streams": [StreamTiming, ...], "own_core": bool}."""
     from support.cores import client_core
     from support.scrape import wait_idle
     before = wait_idle(server.metrics_url)
     streams = []
-    with client_core(server) as own_core:
+    with (client_core(server) if own_core else contextlib.nullcontext(False)) as own_core:
         for w in range(waves):
             streams += run_streams(server.base_url, server.model, concurrency, max_tokens=max_tokens,
                                    prompt_prefix=f"{tag}c{concurrency}w{w}")
