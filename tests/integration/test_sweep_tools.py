@@ -28,12 +28,18 @@ TOKENS = 32   # prompt and output tokens per request
 RUN_TIMEOUT = 300
 
 
-def tool(name: str) -> Path:
-    """The tool's executable, installed on first use (several minutes; then a no-op)."""
-    done = subprocess.run(["bash", str(ROOT / "scripts" / "tool-env.sh"), name], capture_output=True, text=True,
-                          timeout=3600)
-    assert done.returncode == 0, f"scripts/tool-env.sh {name} failed:\n{done.stderr}"
-    return Path(done.stdout.strip().splitlines()[-1]) / name
+@pytest.fixture(scope="module")
+def tools() -> dict[str, Path]:
+    """Both tools' executables, installed side by side on first use (minutes each; then a no-op)."""
+    installs = {name: subprocess.Popen(["bash", str(ROOT / "scripts" / "tool-env.sh"), name],
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                for name in ("aiperf", "guidellm")}
+    found = {}
+    for name, proc in installs.items():
+        out, err = proc.communicate(timeout=3600)
+        assert proc.returncode == 0, f"scripts/tool-env.sh {name} failed:\n{err}"
+        found[name] = Path(out.strip().splitlines()[-1]) / name
+    return found
 
 
 def pinned(cmd: list[str]) -> list[str]:
@@ -68,12 +74,12 @@ def assert_read_and_fitted(folder: Path, model: str, capsys) -> None:
     assert fit["verdict"] and "20" in fit["capacity"]
 
 
-def test_aiperf_sweep_is_read_and_fitted(vllm_server, tiny_model_path, tmp_path, capsys):
+def test_aiperf_sweep_is_read_and_fitted(tools, vllm_server, tiny_model_path, tmp_path, capsys):
     out = tmp_path / "aiperf"
     # No HF_HUB_OFFLINE: aiperf 0.13 then looks a local tokenizer folder up in the hub cache and fails;
     # a local path is never looked up online.
     env = {"HF_HUB_OFFLINE": ""}
-    run_tool([str(tool("aiperf")), "profile", "--model", vllm_server.model, "--url", vllm_server.base_url,
+    run_tool([str(tools["aiperf"]), "profile", "--model", vllm_server.model, "--url", vllm_server.base_url,
               "--endpoint-type", "completions", "--streaming", "--use-server-token-count",
               "--tokenizer", str(tiny_model_path), "--concurrency", ",".join(map(str, LEVELS)),
               "--request-count", str(REQUESTS), "--prompt-input-tokens-mean", str(TOKENS),
@@ -84,9 +90,9 @@ def test_aiperf_sweep_is_read_and_fitted(vllm_server, tiny_model_path, tmp_path,
     assert_read_and_fitted(out, vllm_server.model, capsys)
 
 
-def test_guidellm_sweep_is_read_and_fitted(vllm_server, tiny_model_path, tmp_path, capsys):
+def test_guidellm_sweep_is_read_and_fitted(tools, vllm_server, tiny_model_path, tmp_path, capsys):
     out = tmp_path / "guidellm"
-    run_tool([str(tool("guidellm")), "run",
+    run_tool([str(tools["guidellm"]), "run",
               "--backend", f"kind=openai_http,target={vllm_server.base_url},model={vllm_server.model}",
               "--profile", "kind=concurrent,streams=1", "--override", "profile.streams", ",".join(map(str, LEVELS)),
               "--constraint", f"kind=max_requests,count={REQUESTS}",
