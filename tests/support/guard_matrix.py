@@ -159,9 +159,10 @@ def open_capacity(s: Scenario, how: str, static: int | None = None) -> tuple[flo
 
 
 @lru_cache(maxsize=None)
-def oracle(name: str) -> dict:
-    """The scenario's best static cap and its figures (computed once per process)."""
-    s = scenario(name)
+def oracle(name: str, seed: int | None = None) -> dict:
+    """The scenario's best static cap and its figures on `seed` (the scenario's own by default; computed
+    once per process and seed)."""
+    s = scenario(name, seed)
     if s.kind == "open":
         cap, scores = best_static(lambda c: (open_capacity(s, "static", c)[0] or 0.0,), s.streams)
         capacity, curve = open_capacity(s, "static", cap)
@@ -183,9 +184,9 @@ def _score(o: Outcome) -> tuple:
 
 
 @lru_cache(maxsize=None)
-def outcome(name: str, how: str) -> dict:
-    """Guard off or a policy on the scenario: its figures (open loop: the capacity and the curve)."""
-    s = scenario(name)
+def outcome(name: str, how: str, seed: int | None = None) -> dict:
+    """Guard off or a policy on the scenario (on `seed`): its figures (open loop: the capacity and the curve)."""
+    s = scenario(name, seed)
     if s.kind == "open":
         capacity, curve = open_capacity(s, how)
         return {"capacity": capacity, "curve": curve}
@@ -200,18 +201,18 @@ def reseed(seed: int) -> None:
     outcome.cache_clear()
 
 
-def short_gates(policy: str) -> list[str]:
-    """The gates `policy` does not meet on the scenarios as seeded now (what tests/unit/test_guard_matrix.py
-    checks, in words)."""
+def short_gates(policy: str, seed: int | None = None) -> list[str]:
+    """The gates `policy` does not meet on the scenarios on `seed` (as seeded now by default): what
+    tests/unit/test_guard_matrix.py checks, in words."""
     out = []
     for s in SCENARIOS:
         if s.kind == "open":
-            best, g, off = oracle(s.name), outcome(s.name, policy), outcome(s.name, "off")
+            best, g, off = oracle(s.name, seed), outcome(s.name, policy, seed), outcome(s.name, "off", seed)
             if (g["capacity"] or 0) < 0.9 * (best["capacity"] or 0) or (g["capacity"] or 0) < (off["capacity"] or 0):
                 out.append(f"{s.name}: capacity {g['capacity']}x against {best['capacity']}x")
             continue
-        o = oracle(s.name)
-        best, g, off = o["outcome"], outcome(s.name, policy)["outcome"], outcome(s.name, "off")["outcome"]
+        o = oracle(s.name, seed)
+        best, g, off = o["outcome"], outcome(s.name, policy, seed)["outcome"], outcome(s.name, "off", seed)["outcome"]
         if best.at_floor >= ATTAIN and g.at_floor < ATTAIN:
             out.append(f"{s.name}: {g.at_floor:.0%} at the floor")
         if g.goodput < 0.9 * best.goodput or g.goodput < off.goodput:
@@ -223,8 +224,9 @@ def short_gates(policy: str) -> list[str]:
     return out
 
 
-def scenario(name: str) -> Scenario:
-    return next(s for s in SCENARIOS if s.name == name)
+def scenario(name: str, seed: int | None = None) -> Scenario:
+    s = next(s for s in SCENARIOS if s.name == name)
+    return s if seed is None else replace(s, seed=seed)
 
 
 def policies() -> tuple[str, ...]:
