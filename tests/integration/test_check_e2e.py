@@ -11,6 +11,7 @@ import csv
 import json
 
 import pytest
+from support.cores import client_core
 from support.layout import assert_reads_at
 
 from vllm_spark_plugin.cli import main as vllm_spark
@@ -23,9 +24,11 @@ QUANTITIES = ("per-stream rate at", "aggregate at", "plateau", "knee K", "capaci
 @pytest.fixture(scope="module")
 def check(vllm_server, tmp_path_factory):
     out = tmp_path_factory.mktemp("check")
-    rc = vllm_spark(["check", "--endpoint", vllm_server.base_url, "--minutes", str(MINUTES), "--prompt-tokens", "64",
-                     "--output-tokens", "32", "--floor", "100", "--out", str(out), "--",
-                     "serve", vllm_server.model, "--enforce-eager"])
+    with client_core(vllm_server) as own_core:  # its sweep's client times streams: a core of its own
+        rc = vllm_spark(["check", "--endpoint", vllm_server.base_url, "--minutes", str(MINUTES), "--prompt-tokens",
+                         "64", "--output-tokens", "32", "--floor", "100", "--out", str(out), "--",
+                         "serve", vllm_server.model, "--enforce-eager"])
+    assert own_core, "the client could not get a core of its own"
     return rc, out, json.loads((out / "check.json").read_text())
 
 
