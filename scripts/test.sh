@@ -50,9 +50,9 @@ print(*(f'{v}:{r.RELEASES.get(v, \"cpu\")}' for v in r.CI_RELEASES))"); do
 done
 prepare aiperf bash scripts/tool-env.sh aiperf
 prepare guidellm bash scripts/tool-env.sh guidellm  # after set-up: it reuses .venv's CPU torch
-# the 0.33.0 CUDA build's libraries are what the FP4 kernel-payload checks read (tests/contract):
-# made here, before the tiers, not left to the release-window step that comes after them
-bash scripts/release-env.sh 0.33.0 cuda
+# the 0.34.0 CUDA build's libraries are what the FP4 kernel-payload checks read (tests/contract); the
+# release window's newest, so one CUDA environment serves both: made here, before the tiers
+bash scripts/release-env.sh 0.34.0 cuda
 wait  # the environments prepared above: no install runs beside the tiers
 rc=0
 run_pytest .venv/bin/python -ra --durations=15 "$@" || rc=$?

@@ -46,20 +46,20 @@ PATCHES = (
     Patch("scheduler_hook", "vllm.v1.core.sched.scheduler.Scheduler.schedule / .update_from_output", "wrap",
           "per-step wall time, prefill/decode composition and free KV blocks exist only in the engine core; "
           "vLLM's stats carry neither the step's duration nor its exact batch",
-          "0.27.1, 0.29.0, 0.32.0 (served); 0.33.0 (classes and signatures)",
+          "0.27.1, 0.29.0, 0.32.0 (served); 0.33.0, 0.34.0 (classes and signatures)",
           "vLLM handing per-step iteration details to stat-logger plugins (upstream vllm#53550, "
           "StatLoggerRequirements) or emitting forward-pass metrics (vllm#52061)",
           install="vllm_spark_plugin.hooks.scheduler:install", probe="step_hook", setting="scheduler_hook"),
     Patch("stat_logger", "vllm.v1.metrics.loggers.StatLoggerBase", "entry point",
           "the API server's per-step stats (TTFT, finished requests, running/waiting, KV usage)",
-          "0.27.1, 0.29.0, 0.32.0 (served); 0.33.0 (classes and signatures)",
+          "0.27.1, 0.29.0, 0.32.0 (served); 0.33.0, 0.34.0 (classes and signatures)",
           "none needed: vllm.stat_logger_plugins is vLLM's public extension point",
           phase=BY_VLLM, processes=("api_server",)),
     Patch("delivery_clock", "vllm.v1.engine.async_llm.AsyncLLM.generate; starlette.applications.Starlette.__call__ "
           "(the HTTP arrival stamp)", "wrap",
           "the per-stream rate and the SLO as the client experiences them: vLLM stamps tokens on the "
           "engine core's clock, before the API server's output processing and the handler's wait",
-          "0.27.1, 0.32.0 (served); 0.26.0-0.33.0 (signature)",
+          "0.27.1, 0.32.0 (served); 0.26.0-0.34.0 (signature)",
           "vLLM recording when each output is handed to the request's consumer (per-request "
           "delivery timestamps in RequestStateStats)",
           phase=STAT_LOGGER, install="vllm_spark_plugin.hooks.delivery:install", probe="delivery_clock",
@@ -73,20 +73,20 @@ PATCHES = (
           processes=("api_server",)),
     Patch("nvfp4_claim", "vllm.model_executor.layers.quantization.register_quantization_config", "register",
           "claim ModelOpt NVFP4 checkpoints on GB10 and on devices without FP4 kernels",
-          "0.27.1, 0.29.0, 0.32.0 (served with an NVFP4 checkpoint); 0.33.0 (classes)",
+          "0.27.1, 0.29.0, 0.32.0 (served with an NVFP4 checkpoint); 0.33.0, 0.34.0 (classes)",
           "vLLM choosing a correct NVFP4 MoE backend on SM12x by itself and running NVFP4 without CUDA",
           install="vllm_spark_plugin.hooks.nvfp4_claim:install", probe="nvfp4_config"),
     Patch("nvfp4_methods", "ModelOptNvFp4Config, ModelOptNvFp4FusedMoE, UnquantizedFusedMoEMethod, "
           "UnquantizedLinearMethod (+ WEIGHT_LOADER_V2_SUPPORTED)", "subclass",
           "the GB10 MoE backend policy, and the reference (dequantise-at-load) path on the CPU",
-          "0.27.1, 0.29.0, 0.32.0 (served); 0.33.0 (classes)",
+          "0.27.1, 0.29.0, 0.32.0 (served); 0.33.0, 0.34.0 (classes)",
           "as for nvfp4_claim",
           phase=BY_VLLM),
     Patch("startup_snapshot", "vllm.v1.executor.abstract.Executor.__init__", "wrap",
           "vLLM's start-up free-memory check (CUDA: request_memory in Worker.init_device, against MemFree on "
           "unified memory; CPU: CPUWorker.__init__) fails or leaves the OS too little with no word on why; the "
           "snapshot and its fix are logged once per engine before the workers are built, for every model",
-          "0.32.0 (served, CPU); 0.26.0-0.33.0 (classes and signatures)",
+          "0.32.0 (served, CPU); 0.26.0-0.34.0 (classes and signatures)",
           "vLLM reading MemAvailable (or cudaMemGetInfo counting reclaimable page cache) on unified memory "
           "(vllm#48140) and saying the fix in its own error",
           install="vllm_spark_plugin.hooks.startup:install", probe="startup_snapshot", setting="memory_guard"),
@@ -94,7 +94,8 @@ PATCHES = (
           "max_num_running_reqs before 0.32, and max_num_scheduled_tokens)", "wrap",
           "the opt-in SLO guard (SPARK_PLUGIN_GUARD): admission into RUNNING capped at the live capacity and "
           "the prefill per step bounded so running streams keep the floor; vLLM offers no per-step limit hook",
-          "0.27.1, 0.32.0 (a real Scheduler, tests/contract/test_guard_scheduler.py); 0.33.0 (probes: the source)",
+          "0.27.1, 0.32.0 (a real Scheduler, tests/contract/test_guard_scheduler.py); 0.33.0 (probes: the source); "
+          "0.34.0 (a real Scheduler: throttle_prefills through the wrap, tests/contract/test_admission_path.py)",
           "vLLM exposing an admission policy or a per-step token-budget hook to plugins",
           install="vllm_spark_plugin.hooks.guard:install", probe="guard", setting="guard_on"),
     Patch("tuned_configs", "VLLM_TUNED_CONFIG_FOLDER (environment)", "register",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import re
 from dataclasses import dataclass
 
 from .platform import version_tuple, vllm_version
@@ -293,21 +294,48 @@ def startup_snapshot() -> Capability:
 # max_num_running_reqs.  The prefill lever: the step's token budget, read once at the top of schedule().
 ADMISSION_ATTRIBUTES = ("max_num_active_reqs", "max_num_running_reqs")
 BUDGET_ATTRIBUTE = "max_num_scheduled_tokens"
+ENTERS_RUNNING = "self.running.append("  # the one place a waiting request enters RUNNING (0.27-0.34)
 
 
-def _schedule_source() -> str:
+def _schedule_source() -> tuple[str, str]:
     sched = _attr(SCHEDULER_MODULE + ":Scheduler")
     return inspect.getsource(inspect.unwrap(sched.schedule)), inspect.getsource(sched.__init__)
 
 
 def admission_attribute() -> str:
-    """The Scheduler attribute that bounds admission into RUNNING on this release (LookupError if none)."""
+    """The Scheduler attribute that bounds admission into RUNNING on this release (LookupError if none):
+    set in __init__, and checked in schedule() before every place a waiting request enters RUNNING."""
     schedule, init = _schedule_source()
     for attr in ADMISSION_ATTRIBUTES:
         if f"self.{attr} =" in init and f">= self.{attr}" in schedule:
+            check = schedule.index(f">= self.{attr}")
+            if any(m.start() < check for m in re.finditer(re.escape(ENTERS_RUNNING), schedule)):
+                raise LookupError(f"Scheduler.schedule lets a request into RUNNING before it checks self.{attr}")
             return attr
     raise LookupError("Scheduler.schedule checks none of " + ", ".join(ADMISSION_ATTRIBUTES)
                       + " before admitting a waiting request")
+
+
+# What else in schedule() decides which waiting request enters RUNNING, placed against the admission
+# check in the installed release's source (docs/vllm-releases.md says what each does).  The cap holds
+# while each acts before the check (reordering the queue) or between the check and the entry into
+# RUNNING (holding a request back); the contract tests read this on each release.
+ADMISSION_FEATURES = {
+    "cache_aware_admission": "self._reorder_waiting_by_cached_prefix(",  # 0.34: reorders the queue's head
+    "inflight_kv_loads": "self._admits_inflight_kv_load(",  # 0.34: --max-num-inflight-kv-loads
+}
+
+
+def admission_path() -> list[tuple[str, int]]:
+    """[(what, offset in Scheduler.schedule's source)] in source order: "admission_check" (the first
+    check of the admission attribute), each entry into RUNNING ("enters_running") and each of
+    ADMISSION_FEATURES this release has.  LookupError when there is no admission lever."""
+    schedule, _ = _schedule_source()
+    marks = {"admission_check": f">= self.{admission_attribute()}", "enters_running": ENTERS_RUNNING,
+             **ADMISSION_FEATURES}
+    found = [(name, m.start()) for name, text in marks.items() for m in re.finditer(re.escape(text), schedule)]
+    first_check = min(at for name, at in found if name == "admission_check")
+    return sorted(((n, at) for n, at in found if n != "admission_check" or at == first_check), key=lambda x: x[1])
 
 
 def _check_guard_admission() -> str:
