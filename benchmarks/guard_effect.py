@@ -2,20 +2,21 @@
 the guard, judged on the same loads at two floors.
 
 1. Calibration (a fresh guard-off server, kept in --json and reused unless --recalibrate): a
-   closed-loop sweep (--calibration-levels) gives the single-stream rate r1 and the step-time fit.
+   closed-loop sweep (--calibration-levels, after a warm-up) gives the single-stream rate r1 and the fit.
    The two floors are bucket bounds near --far x r1 (0.55: far from the single-stream rate) and
    --near x r1 (0.82: close to it); the capacity at each is the sweep fit's (what a user would read
    from `vllm-spark bench` and set by hand).
 2. Per floor F, per round, three servers in turn, each fresh: guard off; the static oracle
    (`--max-num-seqs` = the capacity at F); the guard (SPARK_PLUGIN_GUARD=admission,
    SPARK_PLUGIN_FLOORS=F).  On each, the loads in order: `cold` (3x closed loop on the fresh
-   server), then a ramp (the fit's spread; the server is now warm), `warm` (the same 3x closed
-   loop), `poisson` (open-loop arrivals at 1.5x the capacity's request rate, TTFT SLO --ttft-slo),
+   server), then a ramp (--ramp, --ramp-seconds per level; the static oracle's stops at its cap; the
+   server is now warm), `warm` (the same 3x closed loop), `poisson` (open-loop arrivals at 1.5x the capacity's request rate, TTFT SLO --ttft-slo),
    `shift` (closed loop at 2x, output x4 and prompt x8 half way).  Every load is `vllm-spark bench
    --scenario overload|poisson|shift` with the load given directly (--overload-streams /
    --poisson-rate from the calibration), so the three servers get the same requests.
 3. The judging client runs on a core of its own (this process and the bench it starts are pinned
-   to core 1; every thread of the server to core 0, FIELD_NOTES 8), and every figure is also taken
+   to core 1; every thread of the server to core 0: a client sharing the cores with vLLM reads its
+   streams in bursts), and every figure is also taken
    from the server's own SLO counters over the run (`server_*`: its clock, its TTFT SLO, set to
    --ttft-slo).
 
@@ -24,7 +25,7 @@ Medians of --rounds rounds per (floor, load, server).  Results merge into --json
 server died is kept; the markdown table of every cell is printed and written beside it (.md).
 The earlier admission figures (`runs`, `rounds`) and the prefill scenario (`prefill`) stay.
 
-    python benchmarks/guard_effect.py                      # everything: about 2 hours here
+    python benchmarks/guard_effect.py                      # everything: about 2 hours on a quiet box
     python benchmarks/guard_effect.py --quick              # 1 round, the near floor, all loads: ~20 min
     python benchmarks/guard_effect.py --quick --servers off,static --loads warm
     python benchmarks/guard_effect.py --only prefill [--prefill-floor 120] [--prefill-streams 8]
@@ -352,8 +353,10 @@ def run_server(mode: str, label: str, floor: float, cap: int, loads: list[str], 
         warm = False
         while todo:
             load = todo[0]
-            if load != "cold" and not warm:
-                bench(server, work / f"ramp-{tag}", args.ramp, None, args, None, prompt=args.prompt_tokens,
+            if load != "cold" and not warm:  # the static oracle's ramp stops at its cap: above it requests only queue
+                levels = args.ramp if mode != "static" else ",".join(
+                    x for x in args.ramp.split(",") if int(x) <= cap) or "1"
+                bench(server, work / f"ramp-{tag}", levels, None, args, None, prompt=args.prompt_tokens,
                       duration=args.ramp_seconds)
                 warm = True
             row = measure(server, load, floor, cap, args, work / f"{tag}-{load}", k)
@@ -379,7 +382,7 @@ def matrix_main(args, model: str, work: Path) -> int:
     matrix = Matrix(out_json)
     pinned = pin_self(CLIENT_CORE)
     if not pinned:
-        print("one core only: the client is not pinned apart from the server (FIELD_NOTES 8)", flush=True)
+        print("one core only: the client is not pinned apart from the server; its timings may be bursty", flush=True)
     matrix.data["matrix_args"] = {k: v for k, v in vars(args).items() if k not in ("json",)}
     cal = matrix.m.get("calibration")
     if cal is None or args.recalibrate:
