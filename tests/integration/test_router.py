@@ -135,7 +135,10 @@ def test_every_api_server_answers_for_the_whole_server(multi_api_server):
             f["waiting"] = int(v)
         elif name == P + "slo_capacity_streams":
             f["capacity"].append(int(v))
-    expected = server_load([EngineFigures(f.get("running", 0), f.get("waiting", 0), min(f["capacity"], default=None))
-                            for e, f in engines.items() if "running" in f])
+    figures = [EngineFigures(f["running"], f.get("waiting", 0), min(f["capacity"], default=None))
+               for f in engines.values() if "running" in f]
+    assert figures, "no running-requests gauge on /metrics"
+    expected = server_load(figures)
     answers = {get_json(srv.base_url + "/get_load")["load"] for _ in range(20)}  # a new connection each
     assert answers == {expected}, (answers, expected, engines)
+    print(f"\n20 answers from two API servers: {answers}; from the gauges: {figures}")
