@@ -120,6 +120,8 @@ def test_vllm_version_plugin_allow_list_and_settings(tmp_path):
                                         "VLLM_TUNED_CONFIG_FOLDER": str(tmp_path / "nope")},
                                        doctor.ServeArgs(gpu_memory_utilization=0.5), probe))
     assert checks["vllm"].status == doctor.WARN and "0.25.1 is outside the checked release window" in checks["vllm"].detail
+    from vllm_spark_plugin.vllm.releases import vllm_requirement
+    assert f"pip install '{vllm_requirement()}'" in checks["vllm"].fix  # the window's, from releases.py
     off = checks["feature:step_hook"]
     assert off.status == doctor.FAIL and "SchedulerOutput lacks x" in off.detail and "step duration" in off.detail
     assert checks["feature:stat_logger"].status == doctor.OK
