@@ -4,6 +4,7 @@ against the fake server on the wall clock: tests/integration/test_check_fake.py.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -80,3 +81,41 @@ def test_comparison_rows_hold_both_sides_and_their_ratio():
     assert rows["aggregate at 8 streams, tok/s"]["measured"] == 200.0
     none = {r["quantity"]: r for r in P.compare(None, summary, 20.0)}
     assert all(r["predicted"] is None and r["ratio"] is None for r in none.values())
+
+
+# ------------------------------------------------------------------------------------- a sweep already run
+SWEEPS = Path(__file__).resolve().parents[1] / "fixtures" / "sweeps"
+
+
+@pytest.mark.parametrize("tool", ["guidellm", "aiperf"])
+def test_check_fits_a_sweep_another_tool_ran_without_measuring(tool, tmp_path, monkeypatch):
+    # the real exports in tests/fixtures/sweeps; the server is down, so nothing could have been measured
+    monkeypatch.setattr(doctor, "run_checks", lambda **kw: [doctor.Check("vllm", doctor.OK, "fine")])
+    out = tmp_path / tool
+    rc = vllm_spark(["check", "--quiet", "--endpoint", "http://127.0.0.1:9", "--sweep", str(SWEEPS / tool),
+                     "--floor", "20", "--out", str(out)])
+    assert rc == 0
+    doc = json.loads((out / "check.json").read_text())
+    from vllm_spark_plugin.knee.fit import fit_points
+    from vllm_spark_plugin.knee.loaders import load_points
+    (label, points), = load_points([SWEEPS / tool]).items()
+    res = fit_points(points, floors=[20.0])
+    rows = {r["quantity"]: r for r in doc["comparison"]}
+    assert rows["knee K = alpha/beta, streams"]["measured"] == res.knee
+    assert rows["capacity at 20 tok/s, streams"]["measured"] == res.capacity_at(20.0)
+    low = min(p.concurrency for p in points)
+    assert rows[f"per-stream rate at {low:g} stream(s), tok/s"]["measured"] == \
+        min(points, key=lambda p: p.concurrency).per_stream_tokens_per_second
+    assert doc["sweep"] == [str(SWEEPS / tool)] and doc["bench"]["status"].startswith(f"fitted {label}")
+    assert "a sweep already run" in (out / "report.html").read_text()
+
+
+def test_check_names_a_sweep_it_cannot_read(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(doctor, "run_checks", lambda **kw: [doctor.Check("vllm", doctor.OK, "fine")])
+    bad = tmp_path / "notes.txt"
+    bad.write_text("not a sweep\n")
+    rc = vllm_spark(["check", "--quiet", "--endpoint", "http://127.0.0.1:9", "--sweep", str(bad),
+                     "--out", str(tmp_path / "o")])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "--sweep" in err and "notes.txt" in err

@@ -1,12 +1,16 @@
 """`vllm-spark check`: the acceptance run for the server you already run.
 
     vllm-spark check --endpoint http://127.0.0.1:8000 [--out DIR] [-- <your vllm serve arguments>]
+    vllm-spark check --sweep FILE_OR_FOLDER [...]     (a sweep already run: no bench)
 
 1. `vllm-spark doctor` on this machine (with the serve arguments after `--`, if given);
 2. the planner's prediction for the served model and this workload (`--plan-model` when the server's
    model is neither a built-in planner model nor a folder on this machine);
 3. `vllm-spark bench --levels auto` on the served model, sized from the prediction to fit `--minutes`
    (default 10, everything included);
+   With `--sweep`, a sweep already run (any file or folder `vllm-spark knee` reads: this project's
+   CSV, `vllm bench serve` JSON, spark-bench CSV, an AIPerf artifact folder, GuideLLM's
+   benchmarks.json) is fitted instead, and nothing is sent to the server;
 4. the prediction beside the measurement (per-stream rate, aggregate, knee, plateau, capacity at the
    floor, TTFT) in `report.html` and `check.json`; the bench's own files in `bench/`.
 
@@ -58,6 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     w.add_argument("--max-concurrency", type=positive(int), default=512,
                    help="highest level the search may ask for (default: %(default)s, lowered to 4x the "
                         "predicted capacity or knee)")
+    w.add_argument("--sweep", nargs="+", default=None, metavar="FILE",
+                   help="fit a sweep already run instead of measuring (any input vllm-spark knee reads: "
+                        "sweep CSV, vllm bench serve JSON, spark-bench CSV, AIPerf folder, GuideLLM benchmarks.json)")
     p = parser.add_argument_group("prediction (vllm-spark plan)")
     p.add_argument("--plan-model", default=None, metavar="NAME|PATH",
                    help="the planner's model: a built-in name or a config.json / checkpoint folder (default: "
@@ -151,7 +158,16 @@ def run(args) -> int:
     _say(args, f"      run size: {sizing.reason}")
 
     code, summary = EXIT_MEASURE, {}
-    if info is not None:
+    if args.sweep:
+        doc["sweep"] = [str(f) for f in args.sweep]
+        _say(args, f"[3/4] the sweep already run: {' '.join(map(str, args.sweep))}")
+        try:
+            summary = sweep_summary(args.sweep, args.floor)
+        except ValueError as exc:  # KneeInputError: names the file and what was expected
+            print(f"{PROG}: error: --sweep: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        code = 0
+    elif info is not None:
         _say(args, f"[3/4] vllm-spark bench --levels auto on {info.model} ({sizing.trials} trial(s), "
                    f"{args.prompt_tokens}-token prompts, {sizing.output_tokens}-token outputs, "
                    f"budget {sizing.budget_seconds:.0f} s)")
@@ -179,10 +195,11 @@ def _prediction(args, doc: dict):
     notes = doc.setdefault("notes", [])
     doc["server"] = None if info is None else {"endpoint": info.endpoint, "model": info.model, "root": info.root,
                                                "max_model_len": info.max_model_len}
-    if info is None:
-        notes.append(f"the server could not be measured: {why}")
-    else:
-        spec, how = model_spec(args.plan_model, info.model, info.root)
+    if info is None and not (args.sweep and args.plan_model):
+        notes.append(f"the server could not be {'reached' if args.sweep else 'measured'}: {why}")
+    else:  # with --sweep and --plan-model the prediction needs no server
+        spec, how = (model_spec(args.plan_model, info.model, info.root) if info is not None
+                     else (args.plan_model, "--plan-model"))
         if spec is None:
             notes.append(how)
         else:
@@ -198,6 +215,27 @@ def _prediction(args, doc: dict):
     doc["prediction"] = None if pred is None else {"model": pred.model_spec, "hardware": args.hardware,
                                                     "weight_format": pred.weight_format, "plan": pred.plan}
     return info, pred
+
+
+def sweep_summary(files, floor: float) -> dict:
+    """A sweep already run, fitted like `vllm-spark knee` does, in the shape of the bench's summary that
+    `compare` reads (its first curve; the others are named in the status)."""
+    from ..knee.fit import fit_points
+    from ..knee.loaders import load_points
+    curves = load_points(files)
+    label, points = next(iter(curves.items()))
+    res = fit_points(points, floors=[floor])
+    cap = res.capacity_at(floor)
+    others = [k for k in curves if k != label]
+    rows = [{"concurrency": int(p.concurrency) if float(p.concurrency).is_integer() else p.concurrency, "per_stream_median_tps": p.per_stream_tokens_per_second,
+             "aggregate_tps": p.aggregate_tokens_per_second, "ttft_p50_s": p.ttft_p50_seconds} for p in points]
+    statement = (f"{label}: capacity at {floor:g} tok/s per stream: {cap} streams (fit: {res.verdict})"
+                 if cap is not None else f"{label}: no capacity at {floor:g} tok/s from this sweep ({res.verdict})")
+    return {"status": f"fitted {label}" + (f" (also in the input: {', '.join(others)})" if others else ""),
+            "message": None, "capacity_statements": [statement],
+            "curves": [{"label": label, "points": rows, "capacity": {f"{floor:g}": cap},
+                        "knee": {"knee": res.knee, "plateau_tokens_per_second": res.plateau_tokens_per_second,
+                                 "ci": res.ci, "verdict": res.verdict}}]}
 
 
 def _read_summary(bench_dir: Path) -> dict:
@@ -223,7 +261,7 @@ def _write(args, out: Path, doc: dict) -> None:
     write_json(out / JSON_NAME, doc)
     write_report(out / REPORT_NAME, doc, out / BENCH_DIR)
     print(doc["verdict"])
-    print(f"results: {out}/ ({REPORT_NAME}, {JSON_NAME}, {BENCH_DIR}/)")
+    print(f"results: {out}/ ({REPORT_NAME}, {JSON_NAME}" + (")" if doc.get("sweep") else f", {BENCH_DIR}/)"))
 
 
 def _verdict(doc: dict, status: int) -> str:

@@ -48,6 +48,12 @@ def _comparison_html(rows: list[dict]) -> str:
     return table(["quantity", "predicted (planner)", "measured (bench)", "measured / predicted"], out)
 
 
+def _measured_html(doc: dict, sizing: dict) -> str:
+    if doc.get("sweep"):
+        return f"Measured: a sweep already run, <code>{html.escape(' '.join(doc['sweep']))}</code>."
+    return f"Measured: <code>vllm-spark bench --levels auto</code>, {sizing.get('trials')} trial(s) per level."
+
+
 def write_report(path: Path, doc: dict, bench_dir: Path) -> Path:
     passed = doc["exit_status"] == 0
     plots = "".join(img_tag(bench_dir / PLOT_NAMES[k], k) for k in ("aggregate", "per_stream")
@@ -75,7 +81,7 @@ def write_report(path: Path, doc: dict, bench_dir: Path) -> Path:
 <p class="meta">Planner: {html.escape(pred['model']) if pred else 'no prediction'}
 {('as ' + html.escape(pred['weight_format']) + ' on ' + html.escape(pred['hardware'])) if pred else ''};
 workload {doc['prompt_tokens']}-token prompts, {sizing.get('output_tokens')}-token outputs, floor {doc['floor']:g} tok/s.
-Measured: <code>vllm-spark bench --levels auto</code>, {sizing.get('trials')} trial(s) per level.</p>
+{_measured_html(doc, sizing)}</p>
 {_comparison_html(doc.get('comparison') or [])}
 <p class="note">Run size: {html.escape(sizing.get('reason') or '')}</p>
 <ul class="note">{notes}</ul>
