@@ -30,9 +30,8 @@ def installed(fresh, monkeypatch):
 
 
 def _app() -> TestClient:
-    from vllm.plugins.endpoint_plugins.interface import attach_endpoint_plugins
     app = FastAPI()
-    attach_endpoint_plugins(app, ("generate",))
+    capabilities.endpoint_plugins_attacher()(app, ("generate",))
     return TestClient(app)
 
 

@@ -376,7 +376,8 @@ def guard() -> Capability:
 # vLLM's endpoint-plugin contract: `attach_endpoint_plugins(app, ...)` imports `load_endpoint_plugins`
 # from `vllm.plugins` when it runs and calls `attach_router(app)` on each plugin it returns.
 ENDPOINT_LOADER = "vllm.plugins:load_endpoint_plugins"
-ENDPOINT_ATTACH = "vllm.plugins.endpoint_plugins.interface:attach_endpoint_plugins"
+ENDPOINT_ATTACH = ("vllm.plugins.endpoint_plugins.interface:attach_endpoint_plugins",  # 0.32 on
+                   "vllm.entrypoints.openai.api_server:_attach_endpoint_plugins")  # 0.27.1 (read from its wheel)
 
 
 def endpoint_plugin_loader_owner():
@@ -384,11 +385,16 @@ def endpoint_plugin_loader_owner():
     return importlib.import_module(ENDPOINT_LOADER.partition(":")[0])
 
 
+def endpoint_plugins_attacher():
+    """The function vLLM's app builder calls to attach endpoint plugins (`attach_endpoint_plugins`)."""
+    return _first_attr(*ENDPOINT_ATTACH)
+
+
 def _check_load_endpoint() -> str:
     loader = _attr(ENDPOINT_LOADER)
     if "supported_tasks" not in _params(inspect.unwrap(loader)):
         raise LookupError("vllm.plugins.load_endpoint_plugins takes no supported_tasks")
-    attach = _attr(ENDPOINT_ATTACH)
+    attach = endpoint_plugins_attacher()
     try:
         src = inspect.getsource(attach)
     except (OSError, TypeError):
