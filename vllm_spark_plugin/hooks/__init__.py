@@ -67,7 +67,8 @@ PATCHES = (
     Patch("load_endpoint", "vllm.plugins.load_endpoint_plugins (adds the plugin's EndpointPlugin: GET /get_load)", "wrap",
           "routers (vllm-router --policy power_of_two, SGLang's gateway) poll GET /get_load on each worker; stock vLLM "
           "has none, and its endpoint-plugin group loads a plugin only when VLLM_PLUGINS names it",
-          "0.32.0 (served, behind vllm-router 0.1.17: tests/integration/test_router.py); 0.34.0 (probe: the source)",
+          "0.32.0 (served, behind vllm-router 0.1.17: tests/integration/test_router.py); 0.33.0, 0.34.0 "
+          "(probe); 0.27.1 (the source, read from its wheel)",
           "vLLM loading endpoint plugins without VLLM_PLUGINS naming them, or serving a load figure of its own",
           phase=STAT_LOGGER, install="vllm_spark_plugin.hooks.load_endpoint:install", probe="load_endpoint",
           processes=("api_server",)),
