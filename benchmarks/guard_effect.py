@@ -3,7 +3,7 @@ the guard, judged on the same loads at two floors.
 
 1. Calibration (a fresh guard-off server, kept in --json and reused unless --recalibrate): a
    closed-loop sweep (--calibration-levels, after a warm-up) gives the single-stream rate r1 and the fit.
-   The two floors are bucket bounds near --far x r1 (0.55: far from the single-stream rate) and
+   The two floors are --far x r1 (0.55: far from the single-stream rate) and
    --near x r1 (0.82: close to it); the capacity at each is the sweep fit's (what a user would read
    from `vllm-spark bench` and set by hand).
 2. Per floor F, per round, three servers in turn, each fresh: guard off; the static oracle
@@ -206,9 +206,8 @@ def start(model: str, log: Path, env: dict, extra: list[str] | None = None, pinn
     return server
 
 
-def nearest_floor(rate: float) -> float:
-    from vllm_spark_plugin.definitions import STREAM_RATE_BUCKETS  # a floor must be a bucket bound
-    return float(min(STREAM_RATE_BUCKETS, key=lambda b: abs(b - rate)))
+def whole_floor(rate: float) -> float:
+    return float(max(1, round(rate)))  # any positive floor is an SLO; whole tok/s read better in the table
 
 
 def calibrate(args, model: str, work: Path, pinned: bool) -> dict:
@@ -226,7 +225,7 @@ def calibrate(args, model: str, work: Path, pinned: bool) -> dict:
     points = [SweepPoint(concurrency=float(r["concurrency"]), per_stream_tokens_per_second=float(r["per_stream_median_tps"]),
                          aggregate_tokens_per_second=float(r["aggregate_tps"])) for r in rows]
     single = next(p.per_stream_tokens_per_second for p in points if p.concurrency == 1)
-    floors = {"far": nearest_floor(args.far * single), "near": nearest_floor(args.near * single)}
+    floors = {"far": whole_floor(args.far * single), "near": whole_floor(args.near * single)}
     fit = fit_points(points, floors=tuple(floors.values()), bootstrap=0)
     capacity = {label: fit.capacity_at(f) for label, f in floors.items()}
     if not all(capacity.values()):

@@ -11,8 +11,7 @@
 
 The floor is 60 tok/s, not the seed's 20: on two CPU cores the tiny model still streams about 50-75
 tok/s per stream at 32-64 streams, so 20 tok/s lies past 100 streams, beyond a short demo's sweep.  A
-floor must sit on a per-stream-rate bucket bound (`definitions.check_floor`), so the live capacity at
-it is exact.  Three trials per level: on a shared 2-core box single waves are often disturbed, and
+floor is any positive tok/s (`definitions.check_floor`, the rule the server's settings use).  Three trials per level: on a shared 2-core box single waves are often disturbed, and
 the median of three is not.
 """
 from __future__ import annotations
