@@ -194,3 +194,9 @@ def test_the_command_exits_1_on_a_floor_mismatch_and_0_when_they_agree(tmp_path,
     good = serve_metrics(metrics_text((20.0,)))
     assert cli.main(["doctor", "--endpoint", good, "--rules", str(ALERTS)]) == 0
     assert capsys.readouterr().out.startswith(f"[ OK ] {floors.NAME}: the rules (")
+
+
+def test_every_probe_has_the_words_doctor_says_it_with():
+    from vllm_spark_plugin.doctor.environment import FEATURE_TEXT
+    from vllm_spark_plugin.vllm.capabilities import PROBES
+    assert set(PROBES) == set(FEATURE_TEXT), "a probe doctor would name only by its key"

@@ -21,6 +21,8 @@ FEATURE_TEXT = {
     "startup_snapshot": "the unified-memory snapshot in the log before vLLM's start-up memory check, every model",
     "guard_admission": "the SLO guard's admission cap (SPARK_PLUGIN_GUARD=admission|both)",
     "guard_prefill": "the SLO guard's prefill budget per step (SPARK_PLUGIN_GUARD=prefill|both)",
+    "load_endpoint": "GET /get_load for routers that poll it (vllm-router --policy power_of_two, SGLang's gateway); "
+                     "off, they cannot read this server's spare capacity (docs/deploy.md#a-fleet-behind-a-router)",
 }
 
 

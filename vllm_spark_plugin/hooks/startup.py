@@ -7,7 +7,7 @@ Why there: vLLM's own free-memory check runs in the worker (CUDA: `Worker.init_d
 MemFree on unified memory; CPU build: `CPUWorker.__init__`, against the NUMA node's available memory
 unless the KV cache size is given) and raises before the model loads.  The worker class is resolved
 and built right after the plugin loads in the worker, and with one GPU the worker lives in the
-engine core; `Executor.__init__` is the one point in every release 0.26-0.33 that holds the
+engine core; `Executor.__init__` is the one point in every release 0.26-0.34 that holds the
 `VllmConfig`, runs after the plugin has loaded in the engine core, and comes before any worker
 (so before the check) on every executor (uniprocess, multiprocess, Ray).  The engine core loads
 the plugin inside `EngineCore.__init__`, so wrapping that method would miss its first call.
