@@ -3,16 +3,16 @@
 # never touch .venv's vLLM.  Prints the path of the `vllm-router` command on stdout; pip's output
 # goes to the log.  Used by tests/integration/test_router.py and benchmarks/router_effect.py.
 #
-#   bash scripts/router-env.sh          -> .cache/tools/vllm-router/bin/vllm-router
+#   bash scripts/router-env.sh          -> ~/.cache/vllm-spark/tools/vllm-router/bin/vllm-router
 #
-# SPARK_TOOL_ENV_DIR moves the environment (default: .cache/tools in the clone).  The version is the
+# SPARK_TOOL_ENV_DIR moves the environment (default: ~/.cache/vllm-spark/tools, beside the release environments: shared by the clones on a machine).  The version is the
 # one whose /get_load polling docs/deploy.md ("A fleet behind a router") describes; wheels exist for
 # x86_64 and aarch64 (a DGX Spark).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 spec="vllm-router==0.1.17"
-root=${SPARK_TOOL_ENV_DIR:-$PWD/.cache/tools}
+root=${SPARK_TOOL_ENV_DIR:-$HOME/.cache/vllm-spark/tools}
 env_dir=$root/vllm-router
 log=$root/vllm-router.log
 mkdir -p "$root"

@@ -2,10 +2,10 @@
 # A virtual environment of its own for one third-party sweep tool (idempotent), so its pins never
 # touch .venv's vLLM.  Prints the environment's bin/ folder on stdout; pip's output goes to the log.
 #
-#   bash scripts/tool-env.sh aiperf       NVIDIA AIPerf     -> .cache/tools/aiperf/bin/aiperf
-#   bash scripts/tool-env.sh guidellm     GuideLLM          -> .cache/tools/guidellm/bin/guidellm
+#   bash scripts/tool-env.sh aiperf       NVIDIA AIPerf     -> ~/.cache/vllm-spark/tools/aiperf/bin/aiperf
+#   bash scripts/tool-env.sh guidellm     GuideLLM          -> ~/.cache/vllm-spark/tools/guidellm/bin/guidellm
 #
-# SPARK_TOOL_ENV_DIR moves the environments (default: .cache/tools in the clone).  The versions are
+# SPARK_TOOL_ENV_DIR moves the environments (default: ~/.cache/vllm-spark/tools, beside the release environments: shared by the clones on a machine).  The versions are
 # the ones whose exports knee/loaders.py was written against (docs/bench.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,7 +16,7 @@ case "${1:-}" in
   *) echo "usage: bash scripts/tool-env.sh aiperf|guidellm" >&2; exit 2 ;;
 esac
 name=$1
-root=${SPARK_TOOL_ENV_DIR:-$PWD/.cache/tools}
+root=${SPARK_TOOL_ENV_DIR:-$HOME/.cache/vllm-spark/tools}
 env_dir=$root/$name
 mkdir -p "$root"
 log=$root/$name.log
