@@ -66,20 +66,12 @@ def _matcher_floor(value: str) -> float | None:
 def rules_floors(rules_text: str) -> list[float]:
     """The floors a Prometheus rules file selects (every `floor` matcher of its expressions);
     ValueError when the text is not a rules file."""
-    import yaml
-    try:
-        doc = yaml.safe_load(rules_text)
-    except yaml.YAMLError as exc:
-        raise ValueError(f"not YAML: {exc}".splitlines()[0]) from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("groups"), list):
-        raise ValueError("not a Prometheus rules file (no `groups:` list)")
     found = set()
-    for group in doc["groups"]:
-        for rule in (group or {}).get("rules") or []:
-            for value in _MATCHER.findall(str((rule or {}).get("expr", ""))):
-                floor = _matcher_floor(value)
-                if floor is not None:
-                    found.add(floor)
+    for expr in bounds.rule_expressions(rules_text):
+        for value in _MATCHER.findall(expr):
+            floor = _matcher_floor(value)
+            if floor is not None:
+                found.add(floor)
     return sorted(found)
 
 

@@ -32,9 +32,8 @@ def exported_bounds(metrics_text: str) -> dict[str, tuple[float, ...]]:
     return {name: tuple(sorted(v)) for name, v in found.items()}
 
 
-def selected_bounds(rules_text: str) -> dict[str, tuple[float, ...]]:
-    """{histogram: the `le` bounds its `_bucket` selectors name, sorted} over every expression of a
-    Prometheus rules file; ValueError when the text is not a rules file."""
+def rule_expressions(rules_text: str) -> list[str]:
+    """Every rule's `expr` in a Prometheus rules file; ValueError when the text is not one."""
     import yaml
     try:
         doc = yaml.safe_load(rules_text)
@@ -42,15 +41,20 @@ def selected_bounds(rules_text: str) -> dict[str, tuple[float, ...]]:
         raise ValueError(f"not YAML: {exc}".splitlines()[0]) from None
     if not isinstance(doc, dict) or not isinstance(doc.get("groups"), list):
         raise ValueError("not a Prometheus rules file (no `groups:` list)")
+    return [str((rule or {}).get("expr", "")) for group in doc["groups"] for rule in (group or {}).get("rules") or []]
+
+
+def selected_bounds(rules_text: str) -> dict[str, tuple[float, ...]]:
+    """{histogram: the `le` bounds its `_bucket` selectors name, sorted} over every expression of a
+    Prometheus rules file; ValueError when the text is not a rules file."""
     found: dict[str, set[float]] = {}
-    for group in doc["groups"]:
-        for rule in (group or {}).get("rules") or []:
-            for name, matchers in _BUCKET_SELECTOR.findall(str((rule or {}).get("expr", ""))):
-                for le in _LE.findall(matchers):
-                    try:
-                        found.setdefault(name, set()).add(float(le))
-                    except ValueError:
-                        continue  # a regex matcher on le: not one bound
+    for expr in rule_expressions(rules_text):
+        for name, matchers in _BUCKET_SELECTOR.findall(expr):
+            for le in _LE.findall(matchers):
+                try:
+                    found.setdefault(name, set()).add(float(le))
+                except ValueError:
+                    continue  # a regex matcher on le: not one bound
     return {name: tuple(sorted(v)) for name, v in found.items()}
 
 
