@@ -39,8 +39,12 @@ def install(patch, settings, on_error, exporter=None, **_context) -> bool:
     if _exporter is None:
         _exporter = exporter
     if _ORIGINAL is None:
-        _ORIGINAL = patching.replace(PATCH, capabilities.endpoint_plugin_loader_owner(), "load_endpoint_plugins",
-                                     load_endpoint_plugins)
+        owner = capabilities.endpoint_plugin_loader_owner()
+        current = owner.load_endpoint_plugins
+        # already ours (this module's state was reset, the wrap was not): vLLM's loader is behind it;
+        # wrapping it again would make the wrapper its own original
+        _ORIGINAL = (current.__wrapped__ if current is load_endpoint_plugins
+                     else patching.replace(PATCH, owner, "load_endpoint_plugins", load_endpoint_plugins))
     return True
 
 
