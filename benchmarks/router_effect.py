@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -47,7 +48,11 @@ async def _closed_loop(session, url, model, streams, tokens, deadline, tag) -> i
     async def worker(w):
         done = 0
         while time.monotonic() < deadline:
-            await _stream(session, url, model, tokens, f"{tag} {w} {done}")
+            try:
+                await _stream(session, url, model, tokens, f"{tag} {w} {done}")
+            except (aiohttp.ClientError, asyncio.TimeoutError):  # a dropped stream: the servers' counters judge it
+                await asyncio.sleep(0.1)
+                continue
             done += 1
         return done
     return sum(await asyncio.gather(*(worker(w) for w in range(streams))))
@@ -160,6 +165,7 @@ def main(argv=None) -> int:
     model = str(ensure_tiny_model())
     servers = [VllmServer(model_path=model, env=env, log_path=Path(f"/tmp/router-effect-{x}.log")) for x in "ab"]
     rounds: list[dict] = []
+    stopped = None
     try:
         for s in servers:
             s.start(timeout=900)
@@ -172,25 +178,30 @@ def main(argv=None) -> int:
                 r["round"] = k + 1
                 rounds.append(r)
                 print(json.dumps(r), flush=True)
+    except Exception as exc:  # keep the rounds measured so far
+        stopped = f"{type(exc).__name__}: {exc}"
+        print(f"router_effect: stopped after {len(rounds)} round(s): {stopped}", file=sys.stderr)
     finally:
         for s in servers:
             s.stop()
     summary = {}
     for policy in POLICIES:
         mine = [r for r in rounds if r["policy"] == policy]
+        if not mine:
+            continue
         summary[policy] = {key: statistics.median(r[key] for r in mine if r[key] is not None)
                            for key in ("met_share", "goodput_tokens_per_second", "routed_share_to_busy_server",
                                        "finished_requests") if any(r[key] is not None for r in mine)}
     result = {"what": "the same load through vllm-router 0.1.17 with power_of_two on the plugin's /get_load and "
                       "with round_robin; two CPU servers of the tiny model, server B also carrying direct traffic",
               "settings": {k: v for k, v in vars(args).items() if k != "json"},
-              "median_of_rounds": summary, "rounds": rounds}
+              "median_of_rounds": summary, "rounds": rounds, "stopped": stopped}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     for policy, m in summary.items():
         print(f"{policy:>13}: met both SLOs {m.get('met_share')}, goodput {m.get('goodput_tokens_per_second')} tok/s, "
               f"routed share to the busy server {m.get('routed_share_to_busy_server')}")
-    return 0
+    return 0 if stopped is None else 1
 
 
 if __name__ == "__main__":
