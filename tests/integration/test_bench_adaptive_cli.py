@@ -98,7 +98,8 @@ def test_a_server_lost_mid_search_keeps_what_was_measured(tmp_path):
     try:
         out = tmp_path / "lost"
         rc = vllm_spark(["bench", "--quiet", "--endpoint", srv.base_url, "--levels", "auto", "--trials", "1",
-                         "--workload", "prose", "--output-tokens", "8", "--floor", "60", "--out", str(out)])
+                         "--workload", "prose", "--output-tokens", "8", "--floor", "60", "--out", str(out),
+                         "--read-timeout", "10"])  # a loopback fake: a stream cut in its death is seen at once
     finally:
         srv.stop()
     assert rc == 3
