@@ -115,6 +115,7 @@ class FixedCap:
         return None
 
     def limit(self, running, waiting):
+        self.seen = (running, waiting)
         return None if self.cap is None else max(self.cap, running)
 
 
@@ -317,6 +318,28 @@ def test_finished_requests_reach_the_policy_with_their_engine_clock_rate(vllm_co
 def test_the_levers_are_probed_on_this_release():
     assert capabilities.guard_admission().ok and capabilities.guard_prefill().ok
     assert capabilities.admission_attribute() in capabilities.ADMISSION_ATTRIBUTES
+
+
+def test_the_guard_counts_every_queue_that_waits_for_a_slot(vllm_config):
+    """What waits for a running slot is vLLM's own count (`get_request_counts` where the release has it):
+    a request parked in 0.31+'s kv_holding_waiting (or 0.34's async_kv_waiting) holds the cap as bound
+    as one in `waiting`."""
+    s = build(hooked("CountsWaiting", Settings(guard="admission", floors=(20.0,))), vllm_config)
+    eg = with_guard(s, "admission", fixed_fit(1))
+    for i in range(4):
+        s.add_request(Request(f"w{i}", list(range(1, 9)), SamplingParams(max_tokens=4, ignore_eos=True), None,
+                              arrival_time=time.time()))
+    side = [q for q in ("kv_holding_waiting", "async_kv_waiting", "skipped_waiting") if hasattr(s, q)]
+    if side:  # park one where the release keeps requests that wait outside `waiting`
+        req = s.waiting.pop_request()
+        getattr(s, side[0]).prepend_request(req) if hasattr(getattr(s, side[0]), "prepend_request") \
+            else getattr(s, side[0]).append(req)
+        assert len(s.waiting) == 3
+    assert capabilities.waiting_requests(s) == 4
+    if hasattr(s, "get_request_counts"):
+        assert capabilities.waiting_requests(s) == s.get_request_counts()[1]
+    s.schedule()
+    assert eg.guard.policy.seen == (0, 4)  # the policy was told of all four
 
 
 @pytest.fixture(scope="module")

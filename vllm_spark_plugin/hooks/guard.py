@@ -21,7 +21,7 @@ import time
 from vllm_spark_plugin.hooks import after_import, patching
 from vllm_spark_plugin.hooks.scheduler import GUARD_STATE
 from vllm_spark_plugin.metrics.step import NOT_COUNTED
-from vllm_spark_plugin.vllm.capabilities import BUDGET_ATTRIBUTE, SCHEDULER_MODULE
+from vllm_spark_plugin.vllm.capabilities import BUDGET_ATTRIBUTE, SCHEDULER_MODULE, waiting_requests
 
 log = logging.getLogger("vllm_spark_plugin")
 
@@ -86,7 +86,7 @@ class EngineGuard:
             if ratio is not None:
                 g.observe_feedback(ratio)
         running = len(sched.running)
-        waiting = len(sched.waiting)
+        waiting = waiting_requests(sched)  # every queue that waits for a slot, not only `waiting`
         spec = getattr(sched, "num_spec_tokens", 0) or 0
         d = g.decide(running, waiting, running * (1 + spec))
         saved = []

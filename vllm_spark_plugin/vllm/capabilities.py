@@ -316,6 +316,14 @@ def admission_attribute() -> str:
                       + " before admitting a waiting request")
 
 
+def waiting_requests(sched) -> int:
+    """Requests waiting for a running slot: vLLM's own count where the release has one
+    (`Scheduler.get_request_counts`: the waiting queue plus 0.27's skipped_waiting, 0.31's
+    kv_holding_waiting, 0.34's async_kv_waiting), else the waiting queue's length."""
+    counts = getattr(sched, "get_request_counts", None)
+    return counts()[1] if counts is not None else len(sched.waiting)
+
+
 # What else in schedule() decides which waiting request enters RUNNING, placed against the admission
 # check in the installed release's source (docs/vllm-releases.md says what each does).  The cap holds
 # while each acts before the check (reordering the queue) or between the check and the entry into
