@@ -19,26 +19,27 @@ are `x = (T - s - a) / (beta + p)`, and the cap follows x:
   period;
 * `s` is measured on the requests that finished (each one's seconds per token above the model at the
   mean batch of its steps), so a bias the step model cannot see converges instead of being
-  multiplied into the floor.
+  multiplied into the floor; a cohort's 90th percentile is read at rank 0.9 (n + 1), and a request
+  that ran at a mean batch above the cap now (before a fall) is left out.
 
 States: `cold` runs a slow start, the cap doubling each round of `round_steps` decode steps at the
-cap while the mean step leaves room, toward x as soon as a slope is known (the levels' or a prior's);
-`track` moves the cap toward x at each refit, down at once when x is half a stream or more below it
-(by at most half the cap), up only after two refits agree (by at most half the cap), and not at all
-while x is within [cap, cap + 1).  Pure Python, no vLLM, no clock of its own: the caller passes `now`.
+cap while the mean step leaves room, toward x as soon as a slope is known (the levels', read from
+any two levels while cold, or a prior's); `track` moves the cap toward x at each refit, down at once
+when x is half a stream or more below it (by at most half the cap), up only after two refits agree
+(to the lower of them, by at most doubling the cap), and not at all while x is within [cap, cap + 1).
+Pure Python, no vLLM, no clock of its own: the caller passes `now`.
 """
 from __future__ import annotations
 
 import math
 from collections import deque
 
-from vllm_spark_plugin.definitions import quantile
-
 COLD, TRACK = "cold", "track"
 ROUND_STEPS = 40          # steps at the cap per slow-start round: enough for a mean step at that batch
 LEVEL_HALFLIFE = 120.0    # seconds: the slope forgets levels not seen for a few minutes
 MIN_LEVEL_STEPS = 8       # a level's mean counts toward the slope with this many decode steps
 MIN_SPAN = 4              # streams between the lowest and highest level the slope is read from
+COLD_SPAN = 1             # ... during the slow start: a rough slope from two levels beats doubling blind
 OUTLIER = 2.0             # a decode step this many times its level's mean is left out of the slope
 LEVEL_WEIGHT_CAP = 200.0  # one crowded level does not drown the others in the slope's fit
 MIN_FINISHED = 8          # finished requests in a cohort before its spread is read (else it waits a refit)
@@ -48,9 +49,26 @@ DOWN_NOW = 0.5            # streams: x this far below the cap moves it down at o
 CONFIRM_UP = 2            # refits in a row that must agree before the cap rises (to the lower of them)
 SMOOTH = 0.5              # weight of the newest refit in the slope and the spread ...
 PREFILL_HALFLIFE = 60.0   # seconds: the prefill a stream brings is read over a few request lives
-ANCHOR_SMOOTH = 0.3       # ... and in the intercept (a period holds few of the longest prefill steps)
+ANCHOR_SMOOTH = 0.3       # ... and in the intercept (a period holds few of the longest prefill steps),
+                          # or the reading's share of the steps read so far when that is more
+ABOVE_CAP = 0.5           # streams: a finished request whose mean batch was this far above the cap ran
+                          # under a higher cap (before a fall); the spread leaves it out
 SPREAD_PRIOR = 0.05       # of the target: the spread assumed until finished requests measure it
 RATIO_RANGE = (0.5, 3.0)  # a delivery/engine ratio outside this is a broken feedback, clamped
+
+
+def upper_quantile(values, q: float) -> float:
+    """The q-quantile of a small sample read at rank q (n + 1) (1-based), the largest value past it: on
+    average a share q of the population lies below it.  The interpolation at rank 1 + q (n - 1) that
+    `definitions.quantile` uses reads the 80th-85th percentile from 8-20 values, not the 90th."""
+    vals = sorted(values)
+    pos = q * (len(vals) + 1) - 1.0
+    if pos >= len(vals) - 1:
+        return vals[-1]
+    if pos <= 0:
+        return vals[0]
+    lo = int(pos)
+    return vals[lo] + (vals[lo + 1] - vals[lo]) * (pos - lo)
 
 
 class StepLevels:
@@ -95,11 +113,12 @@ class StepLevels:
         n = self.n.get(batch, 0.0)
         return self.s[batch] / n if n >= 1.0 else None
 
-    def slope(self) -> float | None:
-        """beta of the level means, or None without two levels of MIN_LEVEL_STEPS spanning MIN_SPAN
-        streams (closer levels give a slope that is mostly noise)."""
+    def slope(self, min_span: int = MIN_SPAN) -> float | None:
+        """beta of the level means, or None without two levels of MIN_LEVEL_STEPS spanning `min_span`
+        streams (closer levels give a slope that is mostly noise: good enough to steer a slow start,
+        not to move a cap that is tracking)."""
         pts = [(b, self.s[b] / n, min(n, LEVEL_WEIGHT_CAP)) for b, n in self.n.items() if n >= MIN_LEVEL_STEPS]
-        if len(pts) < 2 or max(p[0] for p in pts) - min(p[0] for p in pts) < MIN_SPAN:
+        if len(pts) < 2 or max(p[0] for p in pts) - min(p[0] for p in pts) < min_span:
             return None
         w = sum(p[2] for p in pts)
         mb = sum(p[0] * p[2] for p in pts) / w
@@ -142,6 +161,7 @@ class LoopPolicy:
         self._spread_known = False
         self._measured = False        # the intercept comes from measured steps (not only the prior)
         self._anchor = 0.0            # the last period's intercept, unsmoothed: what finished requests are read against
+        self._anchor_steps = 0.0      # decode steps the intercept has been read from so far
         self.state = COLD
         self.alpha = self.beta = None
         self.cap: int | None = 1
@@ -180,6 +200,8 @@ class LoopPolicy:
         """One finished request: its engine-clock seconds per token and the mean batch of its steps."""
         if seconds_per_token > 0 and math.isfinite(seconds_per_token) and mean_batch >= 1 and self._measured \
                 and self.beta is not None:
+            if self.cap is not None and mean_batch > self.cap + ABOVE_CAP:
+                return  # it ran under a higher cap: its spread is a load the cap no longer admits
             self.finished.append(seconds_per_token - self.slope * mean_batch - self._anchor)
 
     def observe_feedback(self, ratio: float) -> None:
@@ -233,27 +255,45 @@ class LoopPolicy:
 
     def _slow_start_round(self, mean_step: float) -> None:
         """One round at the cap: double while the mean step leaves room; once a slope is known (the
-        levels', or the prior's), toward x instead, the intercept measured at the cap (the first
-        measurement replaces the prior's, later ones are blended: a round is few steps); at or past x
-        the loop tracks."""
-        beta = self.levels.slope()
+        levels', from any two levels, or the prior's), toward x instead, the intercept measured at the
+        cap (the first measurement replaces the prior's, later ones are blended: a round is few
+        steps); at or past x the loop tracks, from this cap while the round's mean step leaves room."""
+        beta = self.levels.slope(COLD_SPAN)
         if beta is not None:
             self.beta = beta if self.beta is None else self.beta + SMOOTH * (beta - self.beta)
         if self.beta is None:  # one level so far: the mean step alone says whether to double
             if mean_step + self.spread_in_use > self.target:
-                self._enter_track(max(1, self.cap // 2))
+                if self.cap > 1:
+                    self._enter_track(max(1, self.cap // 2))
+                # at 1 there is nowhere lower, and tracking without a slope would hold 1 for good:
+                # another round at 1 (a round is 40 steps, and its share of slow steps is luck)
             else:
                 self._set(min(self.max_num_seqs, 2 * self.cap))
             return
-        anchored = mean_step - self.beta * self.cap
-        self.alpha = anchored if not self._measured else self.alpha + ANCHOR_SMOOTH * (anchored - self.alpha)
+        self._blend(mean_step - self.beta * self.cap, self.round_steps)
         self._anchor = self.alpha
         self._measured = True
         x = self._bounded(self._streams())
-        if x <= self.cap:  # at or past x: back, by at most half
+        if x <= self.cap and mean_step + self.spread_in_use <= self.target:
+            # at or past x, but the round's own steps leave room at this cap: hold it and track from
+            # here (a slow start's x prices the first wave's prefills as every stream's, 1.6 ms a
+            # stream where 0.3 is steady; the refits correct it within one period)
+            self._enter_track(self.cap)
+        elif x <= self.cap:  # at or past x, and no room at the cap: back, by at most half
             self._enter_track(max(self.cap - max(1, self.cap // 2), x))
         else:  # short of x: toward it, a stream at least, at most double
             self._set(max(self.cap + 1, min(self.max_num_seqs, 2 * self.cap, x)))
+
+    def _blend(self, anchored: float, steps: float) -> None:
+        """The intercept read on `steps` decode steps: the first reading replaces the prior's; later ones
+        move it ANCHOR_SMOOTH of the way, or by their share of all the steps read so far when that is
+        more (a 40-step round does not outweigh the 300 steps of the period after it for minutes)."""
+        if not self._measured:
+            self.alpha = anchored
+        else:
+            w = max(ANCHOR_SMOOTH, steps / (self._anchor_steps + steps))
+            self.alpha = self.alpha + w * (anchored - self.alpha)
+        self._anchor_steps += steps
 
     def _enter_track(self, cap: int) -> None:
         self.state = TRACK
@@ -287,7 +327,7 @@ class LoopPolicy:
         if self.beta is None:
             return None  # cold, one level: the slow start goes on
         anchored = mean_t - self.beta * (sum_b / n)
-        self.alpha = anchored if not self._measured else self.alpha + ANCHOR_SMOOTH * (anchored - self.alpha)
+        self._blend(anchored, n)
         self._anchor = anchored
         self._measured = True
         if len(self.finished) >= MIN_FINISHED:
@@ -296,7 +336,7 @@ class LoopPolicy:
             # period's mean-step intercept when it finished; the cohort's 90th percentile is what the
             # mean step misses.  Per cohort, smoothed: requests that straddled a change of load (a
             # shift, the first wave of a closed loop) weigh on one or two readings, not on a minute's
-            spread = max(0.0, quantile(self.finished, SPREAD_QUANTILE))  # the 90th percentile is above the mean
+            spread = max(0.0, upper_quantile(self.finished, SPREAD_QUANTILE))  # the 90th percentile is above the mean
             self.finished.clear()
             self.spread = self.spread_in_use + SMOOTH * (spread - self.spread_in_use)  # from the prior at first
             self._spread_known = True
@@ -318,7 +358,7 @@ class LoopPolicy:
             self._up_seen += 1
             self._up_to = target if self._up_seen == 1 else min(self._up_to, target)
             if self._up_seen >= CONFIRM_UP:  # never on one refit: who gets in cannot be taken back
-                cap = min(self._up_to, cap + max(1, cap // 2))
+                cap = min(self._up_to, 2 * cap)  # two refits agree: as far as the slow start would go
                 self._up_seen = 0
         else:
             self._up_seen = self._down_seen = 0
