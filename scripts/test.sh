@@ -33,8 +33,8 @@ bash scripts/setup.sh
 # the package registry and the disk more than on the CPU: one after another they took most of a
 # fresh run's set-up): the release window's (CI_RELEASES, the 0.34.0 CUDA build among them: its
 # libraries are what the FP4 kernel-payload checks in tests/contract read, so one CUDA environment
-# serves both; scripts/release-matrix.sh --ci then finds them ready) and the sweep tools'
-# (tests/integration/test_sweep_tools.py).  Meanwhile the unit tier and the contract tier run: they
+# serves both; scripts/release-matrix.sh --ci then finds them ready), the sweep tools'
+# (tests/integration/test_sweep_tools.py) and vLLM's router's (tests/integration/test_router.py).  Meanwhile the unit tier and the contract tier run: they
 # judge nothing by the wall clock and need none of these environments.  The integration tier starts
 # when every install is done, so no install runs beside a timed server.  Each install logs to
 # .cache/prepare-NAME.log; one that fails here fails again, with its reason, in the step that needs it.
@@ -50,6 +50,7 @@ print(*(f'{v}:{r.RELEASES.get(v, \"cpu\")}' for v in r.CI_RELEASES))"); do
 done
 prepare aiperf bash scripts/tool-env.sh aiperf
 prepare guidellm bash scripts/tool-env.sh guidellm  # after set-up: it reuses .venv's CPU torch
+prepare vllm-router bash scripts/router-env.sh  # vLLM's router (tests/integration/test_router.py)
 # the contract checks that read the 0.34.0 CUDA build's libraries wait for it (below)
 NEEDS_RELEASE_ENV=tests/contract/test_fp4_payload.py
 rc=0
