@@ -9,6 +9,13 @@ requests are sent, its running requests never pass the cap, each held request is
 guard's `vllm_spark_guard_deferred_seconds`, and the first tokens come in admission order (one
 admission per finished request: a whole request's decode apart, which no client delay reorders).
 
+Known weakness: the order is read on the client's clock, which cannot see when a high-priority
+request reached the engine.  One clean-clone run (docs/testing.md, "Run times") counted 7 of 7
+waiting low-priority requests ahead of the last high-priority one with the cap at 1 and no cap move
+in the server's log; the test passed alone right after and in every other full run.  A high-priority
+request that reaches the engine late lets the lows in legitimately; judging by the engine's own
+admission order (the guard hook sees each step's scheduled_new_reqs) would close that gap.
+
 Data parallelism (`--data-parallel-size 2`) cannot run on the CPU build with this MoE model (the
 error is recorded in docs/guard.md, "Measured on the CPU server"), so it has no test here.
 """
