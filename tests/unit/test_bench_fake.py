@@ -220,6 +220,23 @@ def test_simulated_clock_moves_only_forward_when_told():
             clock.advance(bad)
 
 
+def test_a_late_waking_engine_still_starts_at_the_arrival():
+    # On a busy machine the engine may wake only after the test advanced the clock past the request's
+    # arrival: the first step then starts at the arrival at once, not at the next advance (which may
+    # never come: the test is waiting for the step's tokens).
+    clock = SimulatedClock(start=5.0)
+    clock.advance(0.25)
+    assert asyncio.run(asyncio.wait_for(clock.started(5.0), 1.0)) == 5.0
+
+    async def not_yet():  # before any advance past the arrival the engine waits
+        waiting = asyncio.ensure_future(clock.started(5.25))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()
+        clock.advance(0.1)
+        return await asyncio.wait_for(waiting, 1.0)
+    assert asyncio.run(not_yet()) == 5.25
+
+
 def test_overload_scenario_errors_name_the_missing_floor_or_capacity(fake, tmp_path, capsys):
     srv = fake()
     assert bench("--endpoint", srv.base_url, "--scenario", "overload", "--out", str(tmp_path / "a")) == 2

@@ -68,8 +68,9 @@ class LoopClock:
     def now(self) -> float:
         return asyncio.get_running_loop().time()
 
-    async def started(self) -> None:
-        return None
+    async def started(self, since: float) -> float:
+        """The first step after a wake starts now."""
+        return self.now()
 
     @staticmethod
     def admits(arrived: float, step_start: float) -> bool:
@@ -89,8 +90,9 @@ class SimulatedClock:
     """Simulated time that the test moves with `advance` (from any thread).
 
     The engine waits for simulated time to reach the end of each step, and a step ends exactly at its
-    scheduled time.  An engine woken by new requests starts its first step only at the next
-    `advance`, so every request that arrived before it joins that step."""
+    scheduled time.  An engine woken by new requests starts its first step at the first request's
+    arrival, once an `advance` has moved past it, so every request that arrived at that instant joins
+    that step however late the engine wakes."""
 
     def __init__(self, start: float = 0.0) -> None:
         self._now = float(start)
@@ -101,8 +103,12 @@ class SimulatedClock:
     def now(self) -> float:
         return self._now
 
-    async def started(self) -> None:
-        await self._wait(lambda now, _start=self._now: now > _start)
+    async def started(self, since: float) -> float:
+        """The first step after a wake starts at `since` (the first request's arrival), once simulated
+        time has moved past it: at once if an `advance` already did, since on a busy machine the engine
+        may wake only after the test saw the request arrive and advanced the clock."""
+        await self._wait(lambda now: now > since)
+        return since
 
     @staticmethod
     def admits(arrived: float, step_start: float) -> bool:
@@ -320,8 +326,7 @@ class FakeServer:
             if not self._running and not self._waiting:
                 self._wake.clear()
                 await self._wake.wait()
-                next_t = clock.now()
-                await clock.started()
+                next_t = await clock.started(self._waiting[0].arrived if self._waiting else clock.now())
             joining = []
             while (self._waiting and len(self._running) + len(joining) < cfg.max_batch
                    and clock.admits(self._waiting[0].arrived, next_t)):
