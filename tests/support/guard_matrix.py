@@ -16,6 +16,12 @@ from .plant import Engine, Load, Plant, Run, new_guard
 
 ENGINE = Engine()
 LONE = ENGINE.lone_rate()
+# The CPU build serving the tiny model (benchmarks/guard_effect.py's calibration, one core): 5 ms steps,
+# 0.25 ms a stream, and a bend of 0.8 ms that the second stream brings almost whole (the guard measured
+# 0.87 ms from 1 to 2 streams where the sweep's line has 0.27): a slope read from the first two levels
+# is three times too steep.  Cheap prefill, a hand-off that shares the core.
+CPU = Engine(alpha=0.005, beta=0.00025, bend=0.0008, bend_streams=0.7, gamma=2e-5, sigma=0.05, tail_every=50,
+             tail_factor=2.0, api_fixed=0.0002, api_per_stream=0.00005, api_stall_every=400, api_stall=0.05)
 TTFT_SLO = 2.0
 ATTAIN = 0.9                      # share of requests at the SLO the gates and the open-loop capacity use
 OPEN_RATES = tuple(round(0.5 + 0.1 * i, 1) for i in range(16))   # x the nominal request rate at the floor
@@ -32,22 +38,26 @@ class Scenario:
     kind: str = "closed"          # closed | open (capacity over arrival rates) | shift
     window: tuple[float, float] | None = None  # seconds whose finished requests are judged (default: the run)
     mode: str = "admission"       # the guard's SPARK_PLUGIN_GUARD
+    engine: Engine = ENGINE
 
     @property
     def floor(self) -> float:
-        return round(self.floor_share * LONE, 2)
+        return round(self.floor_share * self.engine.lone_rate(), 2)
 
     @property
     def streams(self) -> int:
-        return ENGINE.streams_at(self.floor)
+        return self.engine.streams_at(self.floor)
 
     def prior(self):
         """A sweep's line from another day: the typical step, 10% off in each direction."""
-        return (ENGINE.alpha * 1.1, ENGINE.beta * 0.9) if self.warm else None
+        if not self.warm:
+            return None
+        alpha, beta = self.engine.sweep_line()
+        return alpha * 1.1, beta * 0.9
 
 
-def _closed(mult: float, share: float, **kw) -> Load:
-    return Load(clients=max(2, round(mult * ENGINE.streams_at(share * LONE))), **kw)
+def _closed(mult: float, share: float, engine: Engine = ENGINE, **kw) -> Load:
+    return Load(clients=max(2, round(mult * engine.streams_at(share * engine.lone_rate()))), **kw)
 
 
 def _request_rate(share: float, output: int = 128) -> float:
@@ -73,6 +83,12 @@ SCENARIOS = (
              Load(closed=False, duration=60.0), kind="open"),
     Scenario("shift", "floor 60%, closed loop 3x; at 60 s output x4, prompt x8", 0.6,
              _closed(3, 0.6, duration=180.0, shift_at=60.0), kind="shift", window=(120.0, 180.0)),
+    Scenario("cpu-cold-55-3x", "CPU steps (bent at small batches), cold start, floor 55%, closed loop 3x", 0.55,
+             _closed(3, 0.55, CPU, prompt=32), warm=False, engine=CPU),
+    Scenario("cpu-cold-75-3x", "CPU steps, cold start, floor 75%, closed loop 3x", 0.75,
+             _closed(3, 0.75, CPU, prompt=32), warm=False, engine=CPU),
+    Scenario("cpu-warm-75-3x", "CPU steps, a sweep's line as the prior, floor 75%, closed loop 3x", 0.75,
+             _closed(3, 0.75, CPU, prompt=32), engine=CPU),
 )
 
 
@@ -111,13 +127,13 @@ def judge(run: Run, s: Scenario, window: tuple[float, float] | None = None) -> O
 
 def run(s: Scenario, how: str, load: Load | None = None, static: int | None = None) -> Run:
     """`how`: "off", "static" (with `static`) or a policy name."""
-    plant = Plant(ENGINE, load or s.load, s.seed)
+    plant = Plant(s.engine, load or s.load, s.seed)
     if how == "off":
         return plant.run()
     if how == "static":
         return plant.run(static=static)
     ttft = TTFT_SLO if s.kind == "open" else None
-    return plant.run(guard=new_guard(ENGINE, s.floor, how, s.prior(), ttft_slo=ttft, mode=s.mode))
+    return plant.run(guard=new_guard(s.engine, s.floor, how, s.prior(), ttft_slo=ttft, mode=s.mode))
 
 
 def best_static(score, start: int, hi: int = ENGINE.max_num_seqs) -> tuple[int, dict]:

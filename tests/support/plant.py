@@ -9,7 +9,9 @@ What it models, and only that:
   applies `max_num_active_reqs`); nothing is ever preempted;
 * a step time `alpha + beta*b + prefill cost` (a prefill token costs more deep in a long prompt:
   `gamma * (1 + context/ctx_scale)`), times seeded log-normal noise, and one step in `tail_every`
-  `tail_factor` times longer (the heavy tail of a shared host);
+  `tail_factor` times longer (the heavy tail of a shared host); optionally a bend at small batches,
+  `bend * (1 - exp(-(b - 1)/bend_streams))`, as the CPU build's steps have (1 to 2 streams cost 0.8 ms,
+  later ones 0.2: a line read from the first levels is three times too steep);
 * the API server: each step's outputs are handed to the requests' handlers in order, taking
   `api_fixed + api_per_stream*b` (and now and then a stall); a token's delivery time is that hand-off
   (the delivery clock, `metrics/delivery.py`'s), never before the engine produced it;
@@ -51,18 +53,40 @@ class Engine:
     api_stall: float = 0.12         # ... this long
     max_num_seqs: int = 64          # vLLM's own limit
     max_tokens: int = 2048          # vLLM's token budget per step
+    bend: float = 0.0               # seconds the small batches' bend adds once saturated ...
+    bend_streams: float = 2.0       # ... reached within about this many streams past the first
 
     @property
     def mean_noise(self) -> float:
         return math.exp(self.sigma ** 2 / 2) * (1 + (self.tail_factor - 1) / self.tail_every)
 
+    def decode_step(self, b: int) -> float:
+        """A decode step at batch b, before noise."""
+        bent = self.bend * (1.0 - math.exp(-(b - 1) / self.bend_streams)) if self.bend else 0.0
+        return self.alpha + self.beta * b + bent
+
     def lone_rate(self) -> float:
         """A lone stream's mean decode rate, tok/s."""
-        return 1.0 / ((self.alpha + self.beta) * self.mean_noise)
+        return 1.0 / (self.decode_step(1) * self.mean_noise)
 
     def streams_at(self, floor: float) -> int:
         """Streams whose mean step keeps them at `floor` (no spread, no prefill): the nominal capacity."""
-        return max(1, int((1.0 / (floor * self.mean_noise) - self.alpha) / self.beta))
+        if not self.bend:
+            return max(1, int((1.0 / (floor * self.mean_noise) - self.alpha) / self.beta))
+        b = 1
+        while b < self.max_num_seqs and self.decode_step(b + 1) * self.mean_noise <= 1.0 / floor:
+            b += 1
+        return b
+
+    def sweep_line(self, levels=(1, 2, 4, 8, 16, 32, 64)) -> tuple[float, float]:
+        """(alpha, beta) of a least-squares line through the mean decode step at a sweep's levels: what a
+        capacity profile holds (exactly alpha and beta without a bend)."""
+        if not self.bend:
+            return self.alpha, self.beta
+        ts = [self.decode_step(b) for b in levels]
+        mb, mt = sum(levels) / len(levels), sum(ts) / len(ts)
+        beta = sum((b - mb) * (t - mt) for b, t in zip(levels, ts)) / sum((b - mb) ** 2 for b in levels)
+        return mt - beta * mb, beta
 
 
 @dataclass(frozen=True)
@@ -261,7 +285,7 @@ class Plant:
                 prefill_tokens += c
                 r.left -= c
             b = len(decoding) + len(chunks)
-            dt = (e.alpha + e.beta * b + e.gamma * ctx_cost) * rng.lognormvariate(0.0, e.sigma)
+            dt = (e.decode_step(b) + e.gamma * ctx_cost) * rng.lognormvariate(0.0, e.sigma)
             if rng.random() * e.tail_every < 1.0:
                 dt *= e.tail_factor
             t = clock[0] = t + dt

@@ -2,6 +2,7 @@
 "The matrix"), each on synthetic steps with a seeded noise."""
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -32,7 +33,7 @@ def test_a_round_at_one_without_room_rounds_again_instead_of_holding_one_for_goo
     assert p.cap == 2 and p.state == COLD
 
 
-def test_a_round_past_x_holds_its_cap_while_its_own_steps_leave_room():
+def test_a_round_past_x_keeps_its_cap_while_its_own_steps_leave_room():
     """The first wave's prompts (1024 tokens each) all came in the round's first step, so x prices
     25 prompt tokens a stream-step where a steady load brings a few: x reads 3 at a cap of 7."""
     def first_round(alpha):
@@ -40,17 +41,60 @@ def test_a_round_past_x_holds_its_cap_while_its_own_steps_leave_room():
         assert p.cap == 7
         p.observe_step(7, 7 * 1024, alpha + BETA * 7 + PREFILL * 7 * 1024)
         feed(p, 7, ROUND_STEPS, rng, alpha=alpha)
-        return p
-    p = first_round(ALPHA)                  # mean step 30.4 ms + s 2.1 under the target of 41.7: hold 7
-    assert p.x is None and p._streams() < 7 and p.state == TRACK and p.cap == 7
-    slow = first_round(0.040)               # mean step 48.4 ms: no room at 7, back by at most half
+        return p, rng
+    p, rng = first_round(ALPHA)             # mean step 30.4 ms + s 2.1 under the target of 41.7: room at 7
+    assert p.x is None and p._streams() < 7
+    assert p.state == COLD and p.cap == 8   # no slope read across 4 streams yet: a round at 8 measures one more
+    feed(p, 8, ROUND_STEPS, rng, alpha=0.040)  # that round has no room (48 ms steps): back to 7, the last with room
+    assert p.state == TRACK and p.cap == 7
+    slow, _ = first_round(0.040)            # mean step 48.4 ms: no room at 7, back by at most half
     assert slow.state == TRACK and slow.cap == 4
+
+
+def bent(batch):
+    """A CPU build's decode step: 5 ms, 0.25 ms a stream, and 0.8 ms the second stream brings almost whole."""
+    return 0.005 + 0.00025 * batch + 0.0008 * (1 - math.exp(-(batch - 1) / 0.7))
+
+
+def test_the_slow_start_climbs_past_a_slope_read_at_streams_1_and_2_while_the_rounds_leave_room():
+    """Floor 135 tok/s (7.4 ms a token, 7.0 less the spread's prior): 4 streams leave room (6.9 ms), 5
+    do not (7.1).  The line through levels 1 and 2 (0.95 ms a stream) puts x at 2; climbing a stream a
+    round measures 3, 4 and 5 and tracks from 4, the last round with room."""
+    p, rng = LoopPolicy(135.0, 64), random.Random(4)
+    for _ in range(12):
+        if p.state != COLD:
+            break
+        for _ in range(ROUND_STEPS):
+            p.observe_step(p.cap, 0, bent(p.cap) * rng.lognormvariate(0, 0.01))
+    assert p.state == TRACK and p.cap == 4
+    assert p.beta > 1.5 * p.levels.slope_near(4)  # the line through levels 1-5 is steeper ...
+    assert p.levels.slope_near(4) < 0.0004        # ... than the secant at the cap, the slope there
+    assert p.levels.slope_near(1) > 0.0008        # the secant from 1 to 2: the bend (0.88 ms)
+
+
+def test_a_tracking_cap_reads_the_slope_at_the_cap_when_the_levels_are_close():
+    """A cap of 3 holds the batch at levels 2-4: the slope the refit reads is the secant from the cap's
+    level to the one above, not the line from level 1; and x follows it."""
+    p, rng = LoopPolicy(140.0, 64), random.Random(5)
+    p.state, p.cap, p.alpha, p.beta, p._measured = TRACK, 3, 0.0042, 0.00095, True
+    for b in (1, 2, 3, 4):
+        for _ in range(40):
+            p.observe_step(b, 0, bent(b))
+    assert p.levels.slope() is None               # levels 1-4 span 3 streams
+    assert p.levels.slope_near(3) == pytest.approx(bent(4) - bent(3))
+    for _ in range(300):
+        p.observe_step(3, 0, bent(3))
+    p.refit(10.0)
+    assert p.beta == pytest.approx(0.00095 * 0.75)  # half way toward the secant, a move bounded by half
+    assert p.x > 3.0                                # the steep line put x at 2.6
 
 
 def test_the_intercepts_first_readings_weigh_by_their_steps():
     """A 40-step round with slow steps reads the intercept 8 ms high; the first refit's 340 steps
     outweigh it at once instead of moving it 0.3 of the way."""
     p, rng = LoopPolicy(24.0, 64, prior=(ALPHA, BETA)), random.Random(3)
+    feed(p, 2, 8, rng, alpha=0.030)         # levels 4 streams apart: the slope is read, no climb past x
+    feed(p, 6, 8, rng, alpha=0.030)
     feed(p, 7, ROUND_STEPS, rng, alpha=0.030)
     assert p.alpha == pytest.approx(0.030, abs=1e-3) and p.state == TRACK and p.cap == 7
     feed(p, 7, 300, rng)                    # one refit period at the cap
@@ -66,3 +110,27 @@ def test_a_request_that_ran_above_the_cap_in_force_is_left_out_of_the_spread():
     p.observe_finished(0.030, 5.4)          # within half a stream of the cap: read
     p.observe_finished(0.030, 3.0)
     assert len(p.finished) == 2
+
+
+def test_one_cohorts_spread_moves_the_spread_by_a_bounded_step():
+    """A cohort that ran beside a change reads 17 ms where 1 ms was in use: it counts as 3 ms (three times
+    the spread in use, more than the prior's 5% of the target), half way: 2 ms.  A cohort reading 0
+    counts as half the spread in use."""
+    def with_spread(spread, readings):
+        p, rng = LoopPolicy(24.0, 64, prior=(ALPHA, BETA)), random.Random(6)
+        feed(p, 2, 8, rng)
+        feed(p, 6, 8, rng)
+        feed(p, 7, ROUND_STEPS, rng)
+        p.spread, p._spread_known = spread, True
+        feed(p, 7, 300, rng)
+        mean_step = p._period[1] / p._period[0]
+        for r in readings:  # seconds per token above the mean step at the period's batch
+            p.observe_finished(mean_step + r, 7.0)
+        p.refit(10.0)
+        return p.spread
+    assert with_spread(0.001, [0.017] * 8) == pytest.approx(0.002, rel=0.05)
+    assert with_spread(0.001, [0.0] * 8) == pytest.approx(0.00075, rel=0.05)
+    assert with_spread(0.001, [0.0015] * 8) == pytest.approx(0.00125, rel=0.2)  # within the bounds: half way
+    # a spread worn down to 1 us by quiet cohorts: a reading counts up to the prior's 5% of the target
+    # (41.7 ms a token: 2.1 ms), not only to 3 us
+    assert with_spread(1e-6, [0.017] * 8) == pytest.approx(0.5 * 0.05 / 24.0, rel=0.01)

@@ -8,7 +8,9 @@ engine's, fed back from the API server).  A stream at batch b pays the mean step
 are `x = (T - s - a) / (beta + p)`, and the cap follows x:
 
 * `beta` (the decode slope) comes from per-batch-level means of decode-only steps (`StepLevels`);
-  with no spread in the levels (a binding cap keeps the batch at one level) the last usable slope is
+  while the levels span fewer than MIN_SPAN streams (a binding cap keeps the batch at one or two
+  levels) it comes from the secant at the cap (`slope_near`: steps bend at small batches, so a line
+  read at streams 1-2 is not the slope at 4), and with no second level the last usable slope is
   kept: the loop never falls back to "no model";
 * `a` is re-anchored at each refit on the decode-only steps measured since the last one, whatever
   their batch (`mean(t) - beta * mean(b)`): it needs no spread and carries the step-time tail;
@@ -24,7 +26,8 @@ are `x = (T - s - a) / (beta + p)`, and the cap follows x:
 
 States: `cold` runs a slow start, the cap doubling each round of `round_steps` decode steps at the
 cap while the mean step leaves room, toward x as soon as a slope is known (the levels', read from
-any two levels while cold, or a prior's); `track` moves the cap toward x at each refit, down at once
+any two levels while cold, or a prior's), and past x one stream a round while the rounds leave room
+and no slope spans MIN_SPAN streams; `track` moves the cap toward x at each refit, down at once
 when x is half a stream or more below it (by at most half the cap), up only after two refits agree
 (to the lower of them, by at most doubling the cap), and not at all while x is within [cap, cap + 1).
 Pure Python, no vLLM, no clock of its own: the caller passes `now`.
@@ -54,6 +57,8 @@ ANCHOR_SMOOTH = 0.3       # ... and in the intercept (a period holds few of the 
 ABOVE_CAP = 0.5           # streams: a finished request whose mean batch was this far above the cap ran
                           # under a higher cap (before a fall); the spread leaves it out
 SPREAD_PRIOR = 0.05       # of the target: the spread assumed until finished requests measure it
+SPREAD_STEP = (2.0, 3.0)  # a cohort's reading counts at most this many times below / above the spread in
+                          # use (above: or up to SPREAD_PRIOR of the target)
 RATIO_RANGE = (0.5, 3.0)  # a delivery/engine ratio outside this is a broken feedback, clamped
 
 
@@ -127,6 +132,28 @@ class StepLevels:
         beta = sum(p[2] * (p[0] - mb) * (p[1] - mt) for p in pts) / sbb
         return beta if beta > 0 and math.isfinite(beta) else None
 
+    def slope_near(self, cap: int) -> float | None:
+        """The slope where the cap works: the secant from the highest level at or below `cap` to the
+        level above it (up to cap + 1), else to the next level below (MIN_LEVEL_STEPS each); None
+        without two such levels.  Read while the levels are too close together for `slope()`: steps
+        bend at small batches (on the CPU build the second stream costs three times what the fourth
+        does), so a line through levels 1 and 2 overprices every stream past them and, kept, holds a
+        cap of 2 where 4 meet the floor."""
+        pts = sorted((b, self.s[b] / n) for b, n in self.n.items() if n >= MIN_LEVEL_STEPS)
+        below = [p for p in pts if p[0] <= cap]
+        if not below:
+            return None
+        at = below[-1]
+        above = [p for p in pts if at[0] < p[0] <= cap + 1]
+        if above:
+            (b0, t0), (b1, t1) = at, above[0]
+        elif len(below) >= 2:
+            (b0, t0), (b1, t1) = below[-2], at
+        else:
+            return None
+        beta = (t1 - t0) / (b1 - b0)
+        return beta if beta > 0 and math.isfinite(beta) else None
+
 
 class LoopPolicy:
     """The admission cap as a control loop (see the module doc).  `prior`: (alpha, beta) seconds from
@@ -162,6 +189,7 @@ class LoopPolicy:
         self._measured = False        # the intercept comes from measured steps (not only the prior)
         self._anchor = 0.0            # the last period's intercept, unsmoothed: what finished requests are read against
         self._anchor_steps = 0.0      # decode steps the intercept has been read from so far
+        self._room_cap: int | None = None  # slow start: the highest cap a climb's round left room at
         self.state = COLD
         self.alpha = self.beta = None
         self.cap: int | None = 1
@@ -257,7 +285,9 @@ class LoopPolicy:
         """One round at the cap: double while the mean step leaves room; once a slope is known (the
         levels', from any two levels, or the prior's), toward x instead, the intercept measured at the
         cap (the first measurement replaces the prior's, later ones are blended: a round is few
-        steps); at or past x the loop tracks, from this cap while the round's mean step leaves room."""
+        steps); at or past x, while the round's mean step leaves room, one stream more a round until
+        the levels span MIN_SPAN streams, then the loop tracks from this cap; without room it tracks
+        from the last cap that had room (or back by at most half)."""
         beta = self.levels.slope(COLD_SPAN)
         if beta is not None:
             self.beta = beta if self.beta is None else self.beta + SMOOTH * (beta - self.beta)
@@ -275,13 +305,23 @@ class LoopPolicy:
         self._measured = True
         x = self._bounded(self._streams())
         if x <= self.cap and mean_step + self.spread_in_use <= self.target:
-            # at or past x, but the round's own steps leave room at this cap: hold it and track from
-            # here (a slow start's x prices the first wave's prefills as every stream's, 1.6 ms a
-            # stream where 0.3 is steady; the refits correct it within one period)
-            self._enter_track(self.cap)
+            # at or past x, but the round's own steps leave room at this cap (a slow start's x prices
+            # the first wave's prefills as every stream's, 1.6 ms a stream where 0.3 is steady).  While
+            # no slope has been read across MIN_SPAN streams (the prior's is another day's line, one
+            # from close levels is the slope there, and steps bend at small batches), climb a stream a
+            # round, as TCP's congestion avoidance does: only a round at cap + 1 measures what one
+            # more stream costs.  Then hold and track from here; the refits correct x within a period.
+            if self.cap < self.max_num_seqs and self.levels.slope() is None:
+                self._room_cap = self.cap
+                self._set(self.cap + 1)
+            else:
+                self._enter_track(self.cap)
+        elif x <= self.cap and self._room_cap is not None and self._room_cap < self.cap:
+            self._enter_track(self._room_cap)  # a climb's round without room: back to the last with room
         elif x <= self.cap:  # at or past x, and no room at the cap: back, by at most half
             self._enter_track(max(self.cap - max(1, self.cap // 2), x))
         else:  # short of x: toward it, a stream at least, at most double
+            self._room_cap = None
             self._set(max(self.cap + 1, min(self.max_num_seqs, 2 * self.cap, x)))
 
     def _blend(self, anchored: float, steps: float) -> None:
@@ -321,6 +361,8 @@ class LoopPolicy:
         bound, self._bound = self._bound, False
         mean_t = sum_t / n
         beta = self.levels.slope()
+        if beta is None and self.state == TRACK and self.cap is not None:
+            beta = self.levels.slope_near(self.cap)  # a binding cap keeps the batch at one or two levels
         if beta is not None:  # levels that span a change of load can give any slope: a bounded step
             self.beta = beta if self.beta is None else \
                 self.beta + SMOOTH * (min(2 * self.beta, max(self.beta / 2, beta)) - self.beta)
@@ -338,6 +380,13 @@ class LoopPolicy:
             # shift, the first wave of a closed loop) weigh on one or two readings, not on a minute's
             spread = max(0.0, upper_quantile(self.finished, SPREAD_QUANTILE))  # the 90th percentile is above the mean
             self.finished.clear()
+            # a bounded step, as the slope's: one cohort that ran beside a change (a shift's first long
+            # prefills) read 17 ms where 1 had been usual and 5 became so, and at the cap that fell the
+            # next cohort took a minute and more to finish and correct it
+            # (and up to the prior's share of the target at least, so a spread worn down to nothing
+            # by quiet cohorts is not held there)
+            hi = max(SPREAD_STEP[1] * self.spread_in_use, SPREAD_PRIOR * self.target)
+            spread = min(hi, max(self.spread_in_use / SPREAD_STEP[0], spread))
             self.spread = self.spread_in_use + SMOOTH * (spread - self.spread_in_use)  # from the prior at first
             self._spread_known = True
             self.state = TRACK  # outcomes measured: the slow start is over
