@@ -71,8 +71,6 @@ class Engine:
 
     def streams_at(self, floor: float) -> int:
         """Streams whose mean step keeps them at `floor` (no spread, no prefill): the nominal capacity."""
-        if not self.bend:
-            return max(1, int((1.0 / (floor * self.mean_noise) - self.alpha) / self.beta))
         b = 1
         while b < self.max_num_seqs and self.decode_step(b + 1) * self.mean_noise <= 1.0 / floor:
             b += 1
@@ -80,9 +78,7 @@ class Engine:
 
     def sweep_line(self, levels=(1, 2, 4, 8, 16, 32, 64)) -> tuple[float, float]:
         """(alpha, beta) of a least-squares line through the mean decode step at a sweep's levels: what a
-        capacity profile holds (exactly alpha and beta without a bend)."""
-        if not self.bend:
-            return self.alpha, self.beta
+        capacity profile holds (alpha and beta without a bend)."""
         ts = [self.decode_step(b) for b in levels]
         mb, mt = sum(levels) / len(levels), sum(ts) / len(ts)
         beta = sum((b - mb) * (t - mt) for b, t in zip(levels, ts)) / sum((b - mb) ** 2 for b in levels)

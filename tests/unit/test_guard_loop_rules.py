@@ -1,14 +1,15 @@
-"""The loop's slow-start, intercept and spread rules of iteration 12 (docs/guard.md, "The loop" and
+"""The loop's slow-start, intercept and spread rules of iterations 12 and 13 (docs/guard.md, "The loop" and
 "The matrix"), each on synthetic steps with a seeded noise."""
 from __future__ import annotations
 
-import math
 import random
 
 import pytest
 
 from vllm_spark_plugin.guard import LoopPolicy
 from vllm_spark_plugin.guard.loop import COLD, ROUND_STEPS, TRACK, upper_quantile
+
+from support.guard_matrix import CPU
 
 ALPHA, BETA = 0.022, 0.0012
 PREFILL = 1.5e-4  # seconds a prefill token costs
@@ -51,9 +52,7 @@ def test_a_round_past_x_keeps_its_cap_while_its_own_steps_leave_room():
     assert slow.state == TRACK and slow.cap == 4
 
 
-def bent(batch):
-    """A CPU build's decode step: 5 ms, 0.25 ms a stream, and 0.8 ms the second stream brings almost whole."""
-    return 0.005 + 0.00025 * batch + 0.0008 * (1 - math.exp(-(batch - 1) / 0.7))
+bent = CPU.decode_step  # the CPU build's decode step: 5 ms, 0.25 ms a stream, 0.8 ms the second stream brings
 
 
 def test_the_slow_start_climbs_past_a_slope_read_at_streams_1_and_2_while_the_rounds_leave_room():
