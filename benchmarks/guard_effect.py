@@ -6,14 +6,16 @@ the guard, judged on the same loads at two floors.
    The two floors are --far x r1 (0.55: far from the single-stream rate) and
    --near x r1 (0.82: close to it); the capacity at each is the sweep fit's (what a user would read
    from `vllm-spark bench` and set by hand).
-2. Per floor F, per round, three servers in turn, each fresh: guard off; the static oracle
+2. Per floor F, per round, four servers in turn, each fresh: guard off; the static oracle
    (`--max-num-seqs` = the capacity at F); the guard (SPARK_PLUGIN_GUARD=admission,
-   SPARK_PLUGIN_FLOORS=F).  On each, the loads in order: `cold` (3x closed loop on the fresh
+   SPARK_PLUGIN_FLOORS=F) from a slow start; and `prior`, the guard given the calibration sweep's
+   capacity profile (SPARK_PLUGIN_PROFILE), the same sweep the static oracle's cap comes from.  On each, the loads in order: `cold` (3x closed loop on the fresh
    server), then a ramp (--ramp, --ramp-seconds per level; the static oracle's stops at its cap; the
-   server is now warm), `warm` (the same 3x closed loop), `poisson` (open-loop arrivals at 1.5x the capacity's request rate, TTFT SLO --ttft-slo),
+   server is now warm), `warm` (the same 3x closed loop), `poisson` (open-loop arrivals at 1.5x the capacity's request rate for
+   --poisson-seconds, TTFT SLO --ttft-slo),
    `shift` (closed loop at 2x, output x4 and prompt x8 half way).  Every load is `vllm-spark bench
    --scenario overload|poisson|shift` with the load given directly (--overload-streams /
-   --poisson-rate from the calibration), so the three servers get the same requests.
+   --poisson-rate from the calibration), so the servers get the same requests.
 3. The judging client runs on a core of its own (this process and the bench it starts are pinned
    to core 1; every thread of the server to core 0: a client sharing the cores with vLLM reads its
    streams in bursts), and every figure is also taken
@@ -153,7 +155,7 @@ def median(values):
 
 # ----------------------------------------------------------------------------- the admission matrix
 LOADS = ("cold", "warm", "poisson", "shift")
-SERVERS = ("off", "static", "guard")
+SERVERS = ("off", "static", "guard", "prior")  # prior: the guard with the calibration sweep's profile
 FLOOR_LABELS = ("far", "near")
 SERVER_CORE, CLIENT_CORE = 0, 1
 FIGURES = ("rate_met_share", "slo_met_share", "ttft_met_share", "rate_goodput_tokens_per_second",
@@ -230,10 +232,20 @@ def calibrate(args, model: str, work: Path, pinned: bool) -> dict:
     capacity = {label: fit.capacity_at(f) for label, f in floors.items()}
     if not all(capacity.values()):
         raise RuntimeError(f"the calibration sweep gives no capacity at {floors}: {capacity} (fit {fit})")
+    profile = json.loads((work / "calibration" / "capacity_profile.json").read_text())
     return {"single_stream_tps": single, "alpha_s": fit.alpha_seconds, "beta_s": fit.beta_seconds,
-            "knee": fit.knee, "floors": floors, "capacity": capacity,
+            "knee": fit.knee, "profile": profile, "floors": floors, "capacity": capacity,
             "points": [{"concurrency": p.concurrency, "per_stream_tps": p.per_stream_tokens_per_second,
                         "aggregate_tps": p.aggregate_tokens_per_second} for p in points]}
+
+
+def write_profile(cal: dict, path: Path) -> Path:
+    """The calibration sweep's capacity profile (what `vllm-spark bench` wrote), for the `prior` server;
+    a calibration kept from before profiles were stored gives its own step-time line and knee."""
+    prof = cal.get("profile") or {"alpha_seconds": cal["alpha_s"], "beta_seconds": cal["beta_s"], "knee": cal.get("knee"),
+                                  "source": "benchmarks/guard_effect.py calibration"}
+    path.write_text(json.dumps(prof, indent=2) + "\n")
+    return path
 
 
 def load_args(load: str, floor: float, cap: int, args, round_index: int) -> tuple[str, list[str]]:
@@ -243,7 +255,8 @@ def load_args(load: str, floor: float, cap: int, args, round_index: int) -> tupl
               "--seed", str(round_index)]
     if load == "poisson":
         rate = args.poisson * cap * floor / args.output_tokens
-        n = max(args.min_requests, 3 * round(args.poisson * cap))
+        # arrivals for --poisson-seconds: a few seconds of them never build the queue 1.5x brings
+        n = max(args.min_requests, round(rate * args.poisson_seconds))
         return "poisson", common + ["--poisson-rate", f"{rate:.4f}", "--overload-requests", str(n)]
     factor = args.shift_factor if load == "shift" else args.closed
     streams = max(1, round(factor * cap))
@@ -296,7 +309,7 @@ class Matrix:
 
     def markdown(self) -> str:
         cal = self.m.get("calibration") or {}
-        out = ["# SLO guard: guard off, the static oracle and the guard on the CPU server", "",
+        out = ["# SLO guard: guard off, the static oracle and the guard (slow start; `prior`: the sweep's profile) on the CPU server", "",
                "`benchmarks/guard_effect.py` (results: `guard_effect.json`, key `matrix`). Medians over the rounds; "
                "shares are of all offered requests; `server` figures are the server's own SLO counters over the run.", ""]
         if cal:
@@ -337,12 +350,55 @@ class Matrix:
         return "\n".join(out)
 
 
+def plot(cells: dict, cal: dict, path: Path) -> Path | None:
+    """guard_effect.png: per floor, the rate goodput of each server on each load (medians), each bar
+    labelled with its share of requests at the floor: what the table says, at a glance."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    labels = [lb for lb in FLOOR_LABELS if any(c["floor_label"] == lb for c in cells.values())]
+    if not labels:
+        return None
+    fig, axes = plt.subplots(len(labels), 1, figsize=(9, 3.6 * len(labels)), squeeze=False)
+    width = 0.8 / len(SERVERS)
+    for ax, label in zip(axes[:, 0], labels):
+        loads = [ld for ld in LOADS if any(f"{label}/{ld}/{s}" in cells for s in SERVERS)]
+        for i, mode in enumerate(SERVERS):
+            for j, load in enumerate(loads):
+                c = cells.get(f"{label}/{load}/{mode}")
+                m = (c or {}).get("median") or {}
+                good, share = m.get("rate_goodput_tokens_per_second"), m.get("rate_met_share")
+                if good is None:
+                    continue
+                x = j + (i - (len(SERVERS) - 1) / 2) * width
+                ax.bar(x, good, width, color=f"C{i}", label=mode if j == 0 else None)
+                ax.annotate("-" if share is None else f"{100 * share:.0f}%", (x, good), ha="center", va="bottom",
+                            fontsize=7, xytext=(0, 2), textcoords="offset points")
+        ax.margins(y=0.12)  # room for the labels above the tallest bar
+        ax.set_xticks(range(len(loads)), loads)
+        floor = cal.get("floors", {}).get(label)
+        ax.set_title(f"floor {floor:g} tok/s ({label}; --max-num-seqs {cal.get('capacity', {}).get(label)} for the static "
+                     f"oracle): rate goodput, and the share of requests at the floor", fontsize=9)
+        ax.set_ylabel("rate goodput (tok/s)")
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.legend(fontsize=8, ncols=len(SERVERS))
+    fig.suptitle(f"SLO guard on the CPU server (single stream {cal.get('single_stream_tps', 0):.0f} tok/s; medians "
+                 "of the rounds)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def run_server(mode: str, label: str, floor: float, cap: int, loads: list[str], k: int, args, model: str,
-               work: Path, matrix: Matrix, pinned: bool) -> None:
-    """One fresh server (guard off, static oracle or guard) through `loads` in order; a server that
-    dies costs only its remaining loads (recorded as errors)."""
-    env = {"SPARK_PLUGIN_GUARD": "admission" if mode == "guard" else "off", "SPARK_PLUGIN_FLOORS": f"{floor:g}",
+               work: Path, matrix: Matrix, pinned: bool, profile: Path) -> None:
+    """One fresh server (guard off, static oracle, guard, or guard with the sweep's profile) through
+    `loads` in order; a server that dies costs only its remaining loads (recorded as errors)."""
+    env = {"SPARK_PLUGIN_GUARD": "admission" if mode in ("guard", "prior") else "off",
+           "SPARK_PLUGIN_FLOORS": f"{floor:g}",
            "SPARK_PLUGIN_TTFT_SLO_SECONDS": f"{args.ttft_slo:g}", "SPARK_PLUGIN_KNEE_REFIT_SECONDS": "2"}
+    if mode == "prior":
+        env["SPARK_PLUGIN_PROFILE"] = str(profile)
     extra = ["--max-num-seqs", str(cap)] if mode == "static" else []
     tag = f"{label}-{mode}-{k}"
     todo = list(loads)
@@ -389,13 +445,15 @@ def matrix_main(args, model: str, work: Path) -> int:
         matrix.save()
     print(f"calibration: single stream {cal['single_stream_tps']:.0f} tok/s; floors {cal['floors']}, "
           f"capacities {cal['capacity']}", flush=True)
+    profile = write_profile(cal, work / "capacity_profile.json")
     for k in range(args.rounds):
         for label in args.floors:
             floor, cap = cal["floors"][label], cal["capacity"][label]
             for mode in args.servers:
-                run_server(mode, label, floor, cap, args.loads, k, args, model, work, matrix, pinned)
+                run_server(mode, label, floor, cap, args.loads, k, args, model, work, matrix, pinned, profile)
     md = matrix.markdown()
     print(md)
+    print(f"plot: {plot(matrix.m['cells'], cal, out_json.with_suffix('.png'))}")
     return 0
 
 
@@ -414,7 +472,7 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="1 round, the near floor (unless --floors): about 20 minutes")
     p.add_argument("--floors", type=_names(FLOOR_LABELS), default=None, help="far,near (default: both; --quick: near)")
     p.add_argument("--loads", type=_names(LOADS), default=list(LOADS), help="cold,warm,poisson,shift (default: all)")
-    p.add_argument("--servers", type=_names(SERVERS), default=list(SERVERS), help="off,static,guard (default: all)")
+    p.add_argument("--servers", type=_names(SERVERS), default=list(SERVERS), help="off,static,guard,prior (default: all)")
     p.add_argument("--rounds", type=int, default=None, help="rounds per cell (default 3; --quick: 1)")
     p.add_argument("--recalibrate", action="store_true", help="sweep again instead of reusing the calibration in --json")
     p.add_argument("--far", type=float, default=0.55, help="far floor as a fraction of the single-stream rate")
@@ -422,6 +480,7 @@ def main(argv=None) -> int:
     p.add_argument("--calibration-levels", default="1,2,4,8,16,32,64")
     p.add_argument("--closed", type=float, default=3.0, help="cold, warm: closed-loop streams x the capacity")
     p.add_argument("--poisson", type=float, default=1.5, help="poisson: arrival rate x the capacity's request rate")
+    p.add_argument("--poisson-seconds", type=float, default=30.0, help="poisson: seconds of arrivals")
     p.add_argument("--shift-factor", type=float, default=2.0, help="shift: closed-loop streams x the capacity")
     p.add_argument("--min-requests", type=int, default=48, help="requests per load at least")
     p.add_argument("--prompt-tokens", type=int, default=32)
