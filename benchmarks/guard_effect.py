@@ -1,16 +1,19 @@
-"""The SLO guard's effect on a served load: the tiny CPU server, guard off, the static oracle and
-the guard, judged on the same loads at two floors.
+"""The SLO guard's effect on a served load: the tiny CPU server, guard off, static caps and the
+guard, judged on the same loads at two floors.
 
 1. Calibration (a fresh guard-off server, kept in --json and reused unless --recalibrate): a
    closed-loop sweep (--calibration-levels, after a warm-up) gives the single-stream rate r1 and the fit.
    The two floors are --far x r1 (0.55: far from the single-stream rate) and
    --near x r1 (0.82: close to it); the capacity at each is the sweep fit's (what a user would read
    from `vllm-spark bench` and set by hand).
-2. Per floor F, per round, four servers in turn, each fresh: guard off; the static oracle
+2. Per floor F, per round, five servers in turn, each fresh: guard off; the static oracle
    (`--max-num-seqs` = the capacity at F); the guard (SPARK_PLUGIN_GUARD=admission,
-   SPARK_PLUGIN_FLOORS=F) from a slow start; and `prior`, the guard given the calibration sweep's
-   capacity profile (SPARK_PLUGIN_PROFILE), the same sweep the static oracle's cap comes from.  On each, the loads in order: `cold` (3x closed loop on the fresh
-   server), then a ramp (--ramp, --ramp-seconds per level; the static oracle's stops at its cap; the
+   SPARK_PLUGIN_FLOORS=F) from a slow start; `prior`, the guard given the calibration sweep's
+   capacity profile (SPARK_PLUGIN_PROFILE), the same sweep the static oracle's cap comes from; and
+   `settled`, `--max-num-seqs` where the guard settled (the median of its caps at the end of its
+   cold and warm loads at F, read from --json: hindsight, what a user trying caps around the guard's
+   would keep).  On each, the loads in order: `cold` (3x closed loop on the fresh
+   server), then a ramp (--ramp, --ramp-seconds per level; a static cap's stops at the cap; the
    server is now warm), `warm` (the same 3x closed loop), `poisson` (open-loop arrivals at 1.5x the capacity's request rate for
    --poisson-seconds, TTFT SLO --ttft-slo),
    `shift` (closed loop at 2x, output x4 and prompt x8 half way).  Every load is `vllm-spark bench
@@ -155,7 +158,9 @@ def median(values):
 
 # ----------------------------------------------------------------------------- the admission matrix
 LOADS = ("cold", "warm", "poisson", "shift")
-SERVERS = ("off", "static", "guard", "prior")  # prior: the guard with the calibration sweep's profile
+# prior: the guard with the calibration sweep's profile; settled: --max-num-seqs where the guard settled
+SERVERS = ("off", "static", "guard", "prior", "settled")
+STATIC = ("static", "settled")  # servers with a fixed --max-num-seqs and no guard
 FLOOR_LABELS = ("far", "near")
 SERVER_CORE, CLIENT_CORE = 0, 1
 FIGURES = ("rate_met_share", "slo_met_share", "ttft_met_share", "rate_goodput_tokens_per_second",
@@ -338,8 +343,10 @@ class Matrix:
                     if c is None:
                         continue
                     m = c.get("median", {})
+                    fixed = m.get("max_num_seqs") or (c["capacity"] if mode == "static" else None)
                     guard = (f"{num(m.get('guard_limit'))}, {num(m.get('guard_requests_held'))} "
-                             f"({num(m.get('guard_mean_wait_s'), '.2f')})" if m.get("guard_limit") is not None else "-")
+                             f"({num(m.get('guard_mean_wait_s'), '.2f')})" if m.get("guard_limit") is not None
+                             else f"--max-num-seqs {fixed}" if fixed else "-")
                     failed = f" ({len(c['errors'])} failed)" if c["errors"] else ""
                     out.append(f"| {load} | {mode} | {pct(m.get('rate_met_share'))} | {pct(m.get('slo_met_share'))} | "
                                f"{num(m.get('rate_goodput_tokens_per_second'))} | {num(m.get('ttft_p50_s'), '.2f')} / "
@@ -390,16 +397,30 @@ def plot(cells: dict, cal: dict, path: Path) -> Path | None:
     return path
 
 
+def settled_cap(cells: dict, label: str) -> int:
+    """The `settled` server's --max-num-seqs: the median of the guard's caps at the end of its closed
+    loops (cold and warm) at this floor, the cap a user trying caps by hand around the guard's would
+    keep.  Hindsight: it needs those cells measured."""
+    caps = sorted(r["guard_limit"] for ld in ("cold", "warm") for r in
+                  (cells.get(f"{label}/{ld}/guard") or {}).get("rounds", []) if r.get("guard_limit"))
+    if not caps:
+        raise SystemExit(f"the settled server at the {label} floor needs the guard's cold or warm cells there "
+                         f"(run --servers guard --loads cold,warm first): none in the results")
+    return max(1, round(median(caps)))
+
+
 def run_server(mode: str, label: str, floor: float, cap: int, loads: list[str], k: int, args, model: str,
-               work: Path, matrix: Matrix, pinned: bool, profile: Path) -> None:
-    """One fresh server (guard off, static oracle, guard, or guard with the sweep's profile) through
-    `loads` in order; a server that dies costs only its remaining loads (recorded as errors)."""
+               work: Path, matrix: Matrix, pinned: bool, profile: Path, static_cap: int | None = None) -> None:
+    """One fresh server (guard off, a static --max-num-seqs, the guard, or the guard with the sweep's
+    profile) through `loads` in order, each load sized by the calibration's `cap`; a server that dies
+    costs only its remaining loads (recorded as errors)."""
     env = {"SPARK_PLUGIN_GUARD": "admission" if mode in ("guard", "prior") else "off",
            "SPARK_PLUGIN_FLOORS": f"{floor:g}",
            "SPARK_PLUGIN_TTFT_SLO_SECONDS": f"{args.ttft_slo:g}", "SPARK_PLUGIN_KNEE_REFIT_SECONDS": "2"}
     if mode == "prior":
         env["SPARK_PLUGIN_PROFILE"] = str(profile)
-    extra = ["--max-num-seqs", str(cap)] if mode == "static" else []
+    static_cap = (static_cap or cap) if mode in STATIC else None
+    extra = ["--max-num-seqs", str(static_cap)] if static_cap else []
     tag = f"{label}-{mode}-{k}"
     todo = list(loads)
     server = None
@@ -408,13 +429,14 @@ def run_server(mode: str, label: str, floor: float, cap: int, loads: list[str], 
         warm = False
         while todo:
             load = todo[0]
-            if load != "cold" and not warm:  # the static oracle's ramp stops at its cap: above it requests only queue
-                levels = args.ramp if mode != "static" else ",".join(
-                    x for x in args.ramp.split(",") if int(x) <= cap) or "1"
+            if load != "cold" and not warm:  # a static cap's ramp stops at the cap: above it requests only queue
+                levels = args.ramp if not static_cap else ",".join(
+                    x for x in args.ramp.split(",") if int(x) <= static_cap) or "1"
                 bench(server, work / f"ramp-{tag}", levels, None, args, None, prompt=args.prompt_tokens,
                       duration=args.ramp_seconds)
                 warm = True
             row = measure(server, load, floor, cap, args, work / f"{tag}-{load}", k)
+            row["max_num_seqs"] = static_cap
             todo.pop(0)
             matrix.add(label, floor, cap, load, mode, row)
             print(f"{label} {floor:g} tok/s, {load}, {mode}, round {k + 1}: " + json.dumps(
@@ -446,11 +468,16 @@ def matrix_main(args, model: str, work: Path) -> int:
     print(f"calibration: single stream {cal['single_stream_tps']:.0f} tok/s; floors {cal['floors']}, "
           f"capacities {cal['capacity']}", flush=True)
     profile = write_profile(cal, work / "capacity_profile.json")
+    settled = {}  # fixed for the run, from the guard's cells before it (or from this run's first round)
     for k in range(args.rounds):
         for label in args.floors:
             floor, cap = cal["floors"][label], cal["capacity"][label]
             for mode in args.servers:
-                run_server(mode, label, floor, cap, args.loads, k, args, model, work, matrix, pinned, profile)
+                if mode == "settled" and label not in settled:
+                    settled[label] = settled_cap(matrix.m["cells"], label)
+                    print(f"settled server at the {label} floor: --max-num-seqs {settled[label]}", flush=True)
+                run_server(mode, label, floor, cap, args.loads, k, args, model, work, matrix, pinned, profile,
+                           settled.get(label) if mode == "settled" else None)
     md = matrix.markdown()
     print(md)
     print(f"plot: {plot(matrix.m['cells'], cal, out_json.with_suffix('.png'))}")
@@ -472,7 +499,7 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="1 round, the near floor (unless --floors): about 20 minutes")
     p.add_argument("--floors", type=_names(FLOOR_LABELS), default=None, help="far,near (default: both; --quick: near)")
     p.add_argument("--loads", type=_names(LOADS), default=list(LOADS), help="cold,warm,poisson,shift (default: all)")
-    p.add_argument("--servers", type=_names(SERVERS), default=list(SERVERS), help="off,static,guard,prior (default: all)")
+    p.add_argument("--servers", type=_names(SERVERS), default=list(SERVERS), help="off,static,guard,prior,settled (default: all; settled needs the guard's cells)")
     p.add_argument("--rounds", type=int, default=None, help="rounds per cell (default 3; --quick: 1)")
     p.add_argument("--recalibrate", action="store_true", help="sweep again instead of reusing the calibration in --json")
     p.add_argument("--far", type=float, default=0.55, help="far floor as a fraction of the single-stream rate")
