@@ -158,8 +158,10 @@ def median(values):
 
 # ----------------------------------------------------------------------------- the admission matrix
 LOADS = ("cold", "warm", "poisson", "shift")
-# prior: the guard with the calibration sweep's profile; settled: --max-num-seqs where the guard settled
-SERVERS = ("off", "static", "guard", "prior", "settled")
+# prior: the guard with the calibration sweep's profile; settled: --max-num-seqs where the guard settled;
+# guard-b: the guard with the plugin imported from --guard-b (another version, right after `guard`)
+SERVERS = ("off", "static", "guard", "guard-b", "prior", "settled")
+GUARDS = ("guard", "guard-b", "prior")
 STATIC = ("static", "settled")  # servers with a fixed --max-num-seqs and no guard
 FLOOR_LABELS = ("far", "near")
 SERVER_CORE, CLIENT_CORE = 0, 1
@@ -314,8 +316,8 @@ class Matrix:
 
     def markdown(self) -> str:
         cal = self.m.get("calibration") or {}
-        out = ["# SLO guard: guard off, the static oracle and the guard (slow start; `prior`: the sweep's profile) on the CPU server", "",
-               "`benchmarks/guard_effect.py` (results: `guard_effect.json`, key `matrix`). Medians over the rounds; "
+        out = ["# SLO guard on the CPU server: guard off, static caps and the guard (servers: " + ", ".join(SERVERS) + ")", "",
+               f"`benchmarks/guard_effect.py` (results: `{self.path.name}`, key `matrix`). Medians over the rounds; "
                "shares are of all offered requests; `server` figures are the server's own SLO counters over the run.", ""]
         if cal:
             out += [f"Calibration (guard off, closed-loop sweep): single-stream rate {cal['single_stream_tps']:.0f} tok/s, "
@@ -397,13 +399,15 @@ def plot(cells: dict, cal: dict, path: Path) -> Path | None:
     return path
 
 
-def settled_cap(cells: dict, label: str) -> int:
+def settled_cap(cells: dict, label: str, fail: bool = True) -> int | None:
     """The `settled` server's --max-num-seqs: the median of the guard's caps at the end of its closed
     loops (cold and warm) at this floor, the cap a user trying caps by hand around the guard's would
     keep.  Hindsight: it needs those cells measured."""
     caps = sorted(r["guard_limit"] for ld in ("cold", "warm") for r in
                   (cells.get(f"{label}/{ld}/guard") or {}).get("rounds", []) if r.get("guard_limit"))
     if not caps:
+        if not fail:
+            return None
         raise SystemExit(f"the settled server at the {label} floor needs the guard's cold or warm cells there "
                          f"(run --servers guard --loads cold,warm first): none in the results")
     return max(1, round(median(caps)))
@@ -414,11 +418,13 @@ def run_server(mode: str, label: str, floor: float, cap: int, loads: list[str], 
     """One fresh server (guard off, a static --max-num-seqs, the guard, or the guard with the sweep's
     profile) through `loads` in order, each load sized by the calibration's `cap`; a server that dies
     costs only its remaining loads (recorded as errors)."""
-    env = {"SPARK_PLUGIN_GUARD": "admission" if mode in ("guard", "prior") else "off",
+    env = {"SPARK_PLUGIN_GUARD": "admission" if mode in GUARDS else "off",
            "SPARK_PLUGIN_FLOORS": f"{floor:g}",
            "SPARK_PLUGIN_TTFT_SLO_SECONDS": f"{args.ttft_slo:g}", "SPARK_PLUGIN_KNEE_REFIT_SECONDS": "2"}
     if mode == "prior":
         env["SPARK_PLUGIN_PROFILE"] = str(profile)
+    if mode == "guard-b":  # the other version's package first on the path, in the API server and the engine core
+        env["PYTHONPATH"] = os.pathsep.join(x for x in (str(args.guard_b), os.environ.get("PYTHONPATH")) if x)
     static_cap = (static_cap or cap) if mode in STATIC else None
     extra = ["--max-num-seqs", str(static_cap)] if static_cap else []
     tag = f"{label}-{mode}-{k}"
@@ -460,7 +466,7 @@ def matrix_main(args, model: str, work: Path) -> int:
     pinned = pin_self(CLIENT_CORE)
     if not pinned:
         print("one core only: the client is not pinned apart from the server; its timings may be bursty", flush=True)
-    matrix.data["matrix_args"] = {k: v for k, v in vars(args).items() if k not in ("json",)}
+    matrix.data["matrix_args"] = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "json"}
     cal = matrix.m.get("calibration")
     if cal is None or args.recalibrate:
         cal = matrix.m["calibration"] = calibrate(args, model, work, pinned)
@@ -468,12 +474,16 @@ def matrix_main(args, model: str, work: Path) -> int:
     print(f"calibration: single stream {cal['single_stream_tps']:.0f} tok/s; floors {cal['floors']}, "
           f"capacities {cal['capacity']}", flush=True)
     profile = write_profile(cal, work / "capacity_profile.json")
-    settled = {}  # fixed for the run, from the guard's cells before it (or from this run's first round)
+    # fixed for the run, from the guard's cells in --json before it (or, without them, from the guard's
+    # first round in this run)
+    settled = {label: settled_cap(matrix.m["cells"], label, fail=False) for label in args.floors}
+    if "settled" in args.servers:
+        print(f"settled servers' --max-num-seqs: {settled} (None: from the guard's first round here)", flush=True)
     for k in range(args.rounds):
         for label in args.floors:
             floor, cap = cal["floors"][label], cal["capacity"][label]
             for mode in args.servers:
-                if mode == "settled" and label not in settled:
+                if mode == "settled" and settled.get(label) is None:
                     settled[label] = settled_cap(matrix.m["cells"], label)
                     print(f"settled server at the {label} floor: --max-num-seqs {settled[label]}", flush=True)
                 run_server(mode, label, floor, cap, args.loads, k, args, model, work, matrix, pinned, profile,
@@ -499,7 +509,11 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="1 round, the near floor (unless --floors): about 20 minutes")
     p.add_argument("--floors", type=_names(FLOOR_LABELS), default=None, help="far,near (default: both; --quick: near)")
     p.add_argument("--loads", type=_names(LOADS), default=list(LOADS), help="cold,warm,poisson,shift (default: all)")
-    p.add_argument("--servers", type=_names(SERVERS), default=list(SERVERS), help="off,static,guard,prior,settled (default: all; settled needs the guard's cells)")
+    p.add_argument("--servers", type=_names(SERVERS), default=[s for s in SERVERS if s != "guard-b"],
+                   help="off,static,guard,guard-b,prior,settled (default: all but guard-b; settled needs the guard's cells)")
+    p.add_argument("--guard-b", type=Path, default=None, metavar="DIR",
+                   help="guard-b imports the plugin from DIR (a checkout or worktree of another version): the two "
+                        "loops interleaved on the same box, whose speed moves between rounds")
     p.add_argument("--rounds", type=int, default=None, help="rounds per cell (default 3; --quick: 1)")
     p.add_argument("--recalibrate", action="store_true", help="sweep again instead of reusing the calibration in --json")
     p.add_argument("--far", type=float, default=0.55, help="far floor as a fraction of the single-stream rate")
@@ -522,6 +536,10 @@ def main(argv=None) -> int:
     p.add_argument("--prefill-floor", type=float, default=120.0)
     p.add_argument("--prefill-streams", type=int, default=8)
     args = p.parse_args(argv)
+    if ("guard-b" in args.servers) != (args.guard_b is not None):
+        p.error("--servers guard-b and --guard-b DIR go together")
+    if args.guard_b is not None and not (args.guard_b / "vllm_spark_plugin" / "__init__.py").is_file():
+        p.error(f"--guard-b {args.guard_b}: no vllm_spark_plugin package there")
     args.rounds = args.rounds or (1 if args.quick else 3)
     args.floors = args.floors or (["near"] if args.quick else list(FLOOR_LABELS))
     model = str(ensure_tiny_model())
