@@ -30,7 +30,7 @@ Medians of --rounds rounds per (floor, load, server).  Results merge into --json
 server died is kept; the markdown table of every cell is printed and written beside it (.md).
 The earlier admission figures (`runs`, `rounds`) and the prefill scenario (`prefill`) stay.
 
-    python benchmarks/guard_effect.py                      # everything: about 2 hours on a quiet box
+    python benchmarks/guard_effect.py                      # everything: about 2.5 hours on a quiet box
     python benchmarks/guard_effect.py --quick              # 1 round, the near floor, all loads: ~20 min
     python benchmarks/guard_effect.py --quick --servers off,static --loads warm
     python benchmarks/guard_effect.py --only prefill [--prefill-floor 120] [--prefill-streams 8]
