@@ -247,11 +247,10 @@ def calibrate(args, model: str, work: Path, pinned: bool) -> dict:
 
 
 def write_profile(cal: dict, path: Path) -> Path:
-    """The calibration sweep's capacity profile (what `vllm-spark bench` wrote), for the `prior` server;
-    a calibration kept from before profiles were stored gives its own step-time line and knee."""
-    prof = cal.get("profile") or {"alpha_seconds": cal["alpha_s"], "beta_seconds": cal["beta_s"], "knee": cal.get("knee"),
-                                  "source": "benchmarks/guard_effect.py calibration"}
-    path.write_text(json.dumps(prof, indent=2) + "\n")
+    """The calibration sweep's capacity profile (what `vllm-spark bench` wrote), for the `prior` server."""
+    if "profile" not in cal:
+        raise SystemExit("the calibration in --json has no capacity profile (kept from an older run): --recalibrate")
+    path.write_text(json.dumps(cal["profile"], indent=2) + "\n")
     return path
 
 
@@ -399,18 +398,13 @@ def plot(cells: dict, cal: dict, path: Path) -> Path | None:
     return path
 
 
-def settled_cap(cells: dict, label: str, fail: bool = True) -> int | None:
+def settled_cap(cells: dict, label: str) -> int | None:
     """The `settled` server's --max-num-seqs: the median of the guard's caps at the end of its closed
     loops (cold and warm) at this floor, the cap a user trying caps by hand around the guard's would
-    keep.  Hindsight: it needs those cells measured."""
-    caps = sorted(r["guard_limit"] for ld in ("cold", "warm") for r in
-                  (cells.get(f"{label}/{ld}/guard") or {}).get("rounds", []) if r.get("guard_limit"))
-    if not caps:
-        if not fail:
-            return None
-        raise SystemExit(f"the settled server at the {label} floor needs the guard's cold or warm cells there "
-                         f"(run --servers guard --loads cold,warm first): none in the results")
-    return max(1, round(median(caps)))
+    keep (hindsight); None while those cells are not measured."""
+    caps = [r["guard_limit"] for ld in ("cold", "warm") for r in
+            (cells.get(f"{label}/{ld}/guard") or {}).get("rounds", []) if r.get("guard_limit")]
+    return max(1, round(median(caps))) if caps else None
 
 
 def run_server(mode: str, label: str, floor: float, cap: int, loads: list[str], k: int, args, model: str,
@@ -476,15 +470,18 @@ def matrix_main(args, model: str, work: Path) -> int:
     profile = write_profile(cal, work / "capacity_profile.json")
     # fixed for the run, from the guard's cells in --json before it (or, without them, from the guard's
     # first round in this run)
-    settled = {label: settled_cap(matrix.m["cells"], label, fail=False) for label in args.floors}
+    settled = {label: settled_cap(matrix.m["cells"], label) for label in args.floors}
     if "settled" in args.servers:
         print(f"settled servers' --max-num-seqs: {settled} (None: from the guard's first round here)", flush=True)
     for k in range(args.rounds):
         for label in args.floors:
             floor, cap = cal["floors"][label], cal["capacity"][label]
             for mode in args.servers:
-                if mode == "settled" and settled.get(label) is None:
+                if mode == "settled" and settled[label] is None:
                     settled[label] = settled_cap(matrix.m["cells"], label)
+                    if settled[label] is None:
+                        raise SystemExit(f"the settled server at the {label} floor needs the guard's cold or warm "
+                                         "cells there (add guard to --servers, or run it first): none in the results")
                     print(f"settled server at the {label} floor: --max-num-seqs {settled[label]}", flush=True)
                 run_server(mode, label, floor, cap, args.loads, k, args, model, work, matrix, pinned, profile,
                            settled.get(label) if mode == "settled" else None)

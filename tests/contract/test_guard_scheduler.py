@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-torch = pytest.importorskip("torch")
+import torch  # vLLM's own dependency: always beside it
 
 from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig  # noqa: E402
 from vllm.sampling_params import SamplingParams  # noqa: E402
