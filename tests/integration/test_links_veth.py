@@ -152,12 +152,14 @@ def test_veth_counters_rate_and_carrier_changes_from_real_traffic(fresh, pair):
     assert setting.links == pair.host and not setting.problems
     ins = fresh.exporter("links-veth").ins
     t = LinkTelemetry(ins, setting.links, environ={})
+    # Read before the baseline: the kernel sends on its own (IPv6 solicitations) between any two reads,
+    # so only a count taken before the baseline bounds the delta from above.
+    sent_before = int(read(pair.host, "statistics/tx_bytes"))
     t.sample(None)                                           # the baseline
     assert fresh.sample("vllm_spark_link_up", interface=pair.host) == 1
     assert fresh.sample("vllm_spark_link_rate_bytes_per_second", interface=pair.host) == 10_000e6 / 8  # veth: 10000 Mb/s
     assert fresh.values("vllm_spark_link_info", interface=pair.host) == [
         ({"interface": pair.host, "counter_source": "netdev", "rdma_device": "none", "driver": "none"}, 1.0)]
-    sent_before = int(read(pair.host, "statistics/tx_bytes"))
 
     exchange(pair)
     t.sample(None)
