@@ -166,6 +166,9 @@ PYEOF
     step "reusing virtual environment $ENV"
   fi
 
+  # the CPU build takes about 4 GB, the CUDA build about 9 GB
+  if [ "$FLAVOUR" = cuda ]; then gb=10; else gb=5; fi
+  bash "$REPO/scripts/need-disk.sh" "$ENV" "$gb" "release-env[$VERSION]: $REQ" || exit 1
   if [ -z "$left_out" ]; then
     step "installing $REQ (minutes; output in $LOG)"
     logged "install $REQ" "$ENV/bin/python" -m pip install "$REQ"

