@@ -5,7 +5,7 @@
 #   bash scripts/tool-env.sh aiperf       NVIDIA AIPerf     -> ~/.cache/vllm-spark/tools/aiperf/bin/aiperf
 #   bash scripts/tool-env.sh guidellm     GuideLLM          -> ~/.cache/vllm-spark/tools/guidellm/bin/guidellm
 #
-# SPARK_TOOL_ENV_DIR moves the environments (default: ~/.cache/vllm-spark/tools, beside the release environments: shared by the clones on a machine).  The versions are
+# SPARK_TOOL_ENV_DIR moves the environments (default: $XDG_CACHE_HOME/vllm-spark/tools, else ~/.cache/vllm-spark/tools; beside the release environments: shared by the clones on a machine).  The versions are
 # the ones whose exports knee/loaders.py was written against (docs/bench.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,13 +16,14 @@ case "${1:-}" in
   *) echo "usage: bash scripts/tool-env.sh aiperf|guidellm" >&2; exit 2 ;;
 esac
 name=$1
-root=${SPARK_TOOL_ENV_DIR:-$HOME/.cache/vllm-spark/tools}
+root=${SPARK_TOOL_ENV_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/vllm-spark/tools}
 env_dir=$root/$name
 mkdir -p "$root"
 log=$root/$name.log
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
 
 if [ "$(cat "$env_dir/.installed" 2>/dev/null)" != "$spec" ]; then
+  bash scripts/need-disk.sh "$env_dir" 2 "tool-env: $spec" || exit 1
   t0=$SECONDS
   {
     [ -x "$env_dir/bin/python" ] || "${PYTHON:-python3}" -m venv "$env_dir"

@@ -12,7 +12,8 @@ import os
 import sys
 from pathlib import Path
 
-DEFAULT_DIR = Path(os.environ.get("SPARK_PLUGIN_TINY_MODEL", Path.home() / ".cache" / "vllm-spark" / "tiny-qwen3-moe"))
+_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+DEFAULT_DIR = Path(os.environ.get("SPARK_PLUGIN_TINY_MODEL", _CACHE / "vllm-spark" / "tiny-qwen3-moe"))
 SERVED_NAME = "tiny-qwen3-moe"
 SEED = 1234
 VOCAB = 512
@@ -75,7 +76,7 @@ def build_model(out: Path, dtype: str = "bfloat16") -> None:
 
 
 def ensure_tiny_model(out: Path | str | None = None, force: bool = False) -> Path:
-    """Build the model into `out` (default ~/.cache/vllm-spark/tiny-qwen3-moe) unless already there."""
+    """Build the model into `out` (default $XDG_CACHE_HOME or ~/.cache, then vllm-spark/tiny-qwen3-moe) unless already there."""
     import shutil
     import tempfile
 
