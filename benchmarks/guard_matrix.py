@@ -6,6 +6,7 @@ admission policy.  Deterministic (seeded), a few seconds of CPU.
                                                  # table between the markers in docs/guard.md
     python benchmarks/guard_matrix.py --check    # exit 1 if docs/guard.md's table is not what this gives
     python benchmarks/guard_matrix.py --seeds 2 3   # the gates each policy misses on other seeds (no file written)
+    python benchmarks/guard_matrix.py --seeds 1 2 --drift 0.2 20 --refit 2   # ... on a drifting host
 
 tests/unit/test_guard_matrix.py gates each scenario and checks docs/guard.md's table against this.
 """
@@ -32,7 +33,13 @@ def main(argv=None) -> int:
     ap.add_argument("--check", action="store_true", help="only compare docs/guard.md's table")
     ap.add_argument("--seeds", type=int, nargs="+", help="run every scenario on these seeds and list the gates "
                     "each policy misses (writes nothing)")
+    ap.add_argument("--drift", type=float, nargs=2, metavar=("SIGMA", "TAU"),
+                    help="with --seeds: every engine's speed drifting (log-scale std, seconds correlated)")
+    ap.add_argument("--refit", type=float, metavar="SECONDS", help="with --seeds: the guard's refit period")
     args = ap.parse_args(argv)
+    if (args.drift or args.refit) and not args.seeds:
+        ap.error("--drift and --refit go with --seeds (the table is the plant as it is)")
+    matrix.vary(tuple(args.drift) if args.drift else None, args.refit)
     t0 = time.process_time()
     if args.seeds:
         for seed in args.seeds:

@@ -23,6 +23,7 @@ LONE = ENGINE.lone_rate()
 CPU = Engine(alpha=0.005, beta=0.00025, bend=0.0008, bend_streams=0.7, gamma=2e-5, sigma=0.05, tail_every=50,
              tail_factor=2.0, api_fixed=0.0002, api_per_stream=0.00005, api_stall_every=400, api_stall=0.05)
 TTFT_SLO = 2.0
+REFIT_SECONDS = 10.0              # the guard's refit period (the plugin's default)
 ATTAIN = 0.9                      # share of requests at the SLO the gates and the open-loop capacity use
 OPEN_RATES = tuple(round(0.5 + 0.1 * i, 1) for i in range(16))   # x the nominal request rate at the floor
 
@@ -133,7 +134,8 @@ def run(s: Scenario, how: str, load: Load | None = None, static: int | None = No
     if how == "static":
         return plant.run(static=static)
     ttft = TTFT_SLO if s.kind == "open" else None
-    return plant.run(guard=new_guard(s.engine, s.floor, how, s.prior(), ttft_slo=ttft, mode=s.mode))
+    return plant.run(guard=new_guard(s.engine, s.floor, how, s.prior(), ttft_slo=ttft, mode=s.mode,
+                                     refit_seconds=REFIT_SECONDS))
 
 
 def best_static(score, start: int, hi: int = ENGINE.max_num_seqs) -> tuple[int, dict]:
@@ -207,6 +209,19 @@ def outcome(name: str, how: str, seed: int | None = None) -> dict:
         capacity, curve = open_capacity(s, how)
         return {"capacity": capacity, "curve": curve}
     return {"outcome": judge(run(s, how), s)}
+
+
+def vary(drift: tuple[float, float] | None = None, refit_seconds: float | None = None) -> None:
+    """Every scenario's engine with a slow drift of its speed (sigma, tau: Engine.drift_*), and the
+    guard's refit period: the conditions of a shared host, to judge a candidate beyond the table's."""
+    global SCENARIOS, REFIT_SECONDS
+    if drift is not None:
+        SCENARIOS = tuple(replace(s, engine=replace(s.engine, drift_sigma=drift[0], drift_tau=drift[1]))
+                          for s in SCENARIOS)
+    if refit_seconds is not None:
+        REFIT_SECONDS = refit_seconds
+    oracle.cache_clear()
+    outcome.cache_clear()
 
 
 def reseed(seed: int) -> None:

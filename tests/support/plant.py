@@ -11,7 +11,8 @@ What it models, and only that:
   `gamma * (1 + context/ctx_scale)`), times seeded log-normal noise, and one step in `tail_every`
   `tail_factor` times longer (the heavy tail of a shared host); optionally a bend at small batches,
   `bend * (1 - exp(-(b - 1)/bend_streams))`, as the CPU build's steps have (1 to 2 streams cost 0.8 ms,
-  later ones 0.2: a line read from the first levels is three times too steep);
+  later ones 0.2: a line read from the first levels is three times too steep); optionally a slow
+  drift of the whole step (AR(1) on a log scale), the speed of a shared host wandering between refits;
 * the API server: each step's outputs are handed to the requests' handlers in order, taking
   `api_fixed + api_per_stream*b` (and now and then a stall); a token's delivery time is that hand-off
   (the delivery clock, `metrics/delivery.py`'s), never before the engine produced it;
@@ -55,6 +56,9 @@ class Engine:
     max_tokens: int = 2048          # vLLM's token budget per step
     bend: float = 0.0               # seconds the small batches' bend adds once saturated ...
     bend_streams: float = 2.0       # ... reached within about this many streams past the first
+    drift_sigma: float = 0.0        # a slow drift of the whole step (log scale, stationary std) ...
+    drift_tau: float = 20.0         # ... correlated over about this many seconds (AR(1)): a shared host
+                                    # whose speed wanders between refits, as the CPU test bed's does
 
     @property
     def mean_noise(self) -> float:
@@ -172,6 +176,8 @@ class Plant:
         neither (vLLM's own limit)."""
         e, ld = self.e, self.load
         rng = random.Random(self.seed)
+        wander = random.Random(self.seed * 17 + 11)  # its own stream: no drift leaves the rest as it was
+        drift = wander.gauss(0.0, e.drift_sigma) if e.drift_sigma else 0.0
         lens = random.Random(self.seed * 31 + 5)
         res = Run()
         clock = [0.0]
@@ -284,6 +290,10 @@ class Plant:
             dt = (e.decode_step(b) + e.gamma * ctx_cost) * rng.lognormvariate(0.0, e.sigma)
             if rng.random() * e.tail_every < 1.0:
                 dt *= e.tail_factor
+            if e.drift_sigma:
+                keep = math.exp(-dt / e.drift_tau)
+                drift = drift * keep + wander.gauss(0.0, e.drift_sigma * math.sqrt(1.0 - keep * keep))
+                dt *= math.exp(drift)
             t = clock[0] = t + dt
             k += 1
             T.append(t)
