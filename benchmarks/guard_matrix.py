@@ -7,6 +7,8 @@ admission policy.  Deterministic (seeded), a few seconds of CPU.
     python benchmarks/guard_matrix.py --check    # exit 1 if docs/guard.md's table is not what this gives
     python benchmarks/guard_matrix.py --seeds 2 3   # the gates each policy misses on other seeds (no file written)
     python benchmarks/guard_matrix.py --seeds 1 2 --drift 0.2 20 --refit 2   # ... on a drifting host
+    python benchmarks/guard_matrix.py --seeds 1 2 --tuned-elsewhere   # ... and what a static cap tuned by
+                                                 # sweep on another day misses (the yardstick a user reaches)
 
 tests/unit/test_guard_matrix.py gates each scenario and checks docs/guard.md's table against this.
 """
@@ -36,17 +38,26 @@ def main(argv=None) -> int:
     ap.add_argument("--drift", type=float, nargs=2, metavar=("SIGMA", "TAU"),
                     help="with --seeds: every engine's speed drifting (log-scale std, seconds correlated)")
     ap.add_argument("--refit", type=float, metavar="SECONDS", help="with --seeds: the guard's refit period")
+    ap.add_argument("--tuned-elsewhere", action="store_true", help="with --seeds: also the gates a static cap "
+                    "tuned on another day (the best static cap of seed + 1000) misses")
     args = ap.parse_args(argv)
-    if (args.drift or args.refit) and not args.seeds:
-        ap.error("--drift and --refit go with --seeds (the table is the plant as it is)")
+    if (args.drift or args.refit or args.tuned_elsewhere) and not args.seeds:
+        ap.error("--drift, --refit and --tuned-elsewhere go with --seeds (the table is the plant as it is)")
     matrix.vary(tuple(args.drift) if args.drift else None, args.refit)
     t0 = time.process_time()
     if args.seeds:
+        totals: dict[str, int] = {}
         for seed in args.seeds:
             matrix.reseed(seed)
-            for policy in matrix.policies():
-                short = matrix.short_gates(policy)
-                print(f"seed {seed}, {policy}: {len(short)} gate(s) short" + "".join(f"\n  {x}" for x in short))
+            ways = {p: (lambda p=p: matrix.short_gates(p)) for p in matrix.policies()}
+            if args.tuned_elsewhere:
+                ways["static tuned elsewhere"] = matrix.short_gates_tuned_elsewhere
+            for way, gates in ways.items():
+                short = gates()
+                totals[way] = totals.get(way, 0) + len(short)
+                print(f"seed {seed}, {way}: {len(short)} gate(s) short" + "".join(f"\n  {x}" for x in short),
+                      flush=True)
+        print("; ".join(f"{way}: {n} gate(s) short in all" for way, n in totals.items()))
         return 0
     rows = matrix.table()
     table_md = matrix.markdown(rows)

@@ -133,3 +133,41 @@ def test_one_cohorts_spread_moves_the_spread_by_a_bounded_step():
     # a spread worn down to 1 us by quiet cohorts: a reading counts up to the prior's 5% of the target
     # (41.7 ms a token: 2.1 ms), not only to 3 us
     assert with_spread(1e-6, [0.017] * 8) == pytest.approx(0.5 * 0.05 / 24.0, rel=0.01)
+
+
+def test_the_spread_is_read_from_the_steps_over_request_lives_not_from_a_cohort_that_straddled():
+    """Iteration 16: a cohort of 80 requests that ran beside a change reads 17 ms above the mean step, but
+    the steps in force are steady (5% noise at 7 streams): the reading comes from windows of one life
+    (stream-steps per finished request, 180 steps) over the steps, a fraction of a millisecond, so the
+    spread falls from the prior's 2.1 ms toward it (by at most half) instead of rising toward 6 ms."""
+    p, rng = LoopPolicy(24.0, 64, prior=(ALPHA, BETA)), random.Random(7)
+    feed(p, 2, 8, rng)
+    feed(p, 6, 8, rng)
+    feed(p, 7, ROUND_STEPS, rng)
+    feed(p, 7, 2000, rng)
+    assert p.life is None                    # no request has finished: no life to read windows over
+    mean_step = p._period[1] / p._period[0]
+    for _ in range(80):
+        p.observe_finished(mean_step + 0.017, 7.0)
+    assert p.life == pytest.approx((16 + 48 + 7 * ROUND_STEPS + 7 * 2000) / 80)
+    assert p._spread_reading() < 0.5e-3      # the cohort's own 90th percentile: 17 ms
+    prior = p.spread_in_use
+    p.refit(10.0)
+    assert p.spread == pytest.approx(prior * 0.75, rel=0.01)   # half way to half the spread in use
+
+
+def test_a_slow_patch_in_the_steps_widens_the_spread_reading():
+    """The windows see a stretch of slow steps a request's life could fall in: 10 ms more a step for 160
+    steps in 1600 widens the reading to milliseconds (steady steps alone: well under one)."""
+    def reading(slow):
+        p, rng = LoopPolicy(24.0, 64, prior=(ALPHA, BETA)), random.Random(8)
+        feed(p, 2, 8, rng)
+        feed(p, 6, 8, rng)
+        feed(p, 7, ROUND_STEPS, rng)
+        for i in range(1600):                # 8 lives of 200 steps, a stretch of 160 of them slow
+            slow_now = slow and 800 <= i < 960
+            p.observe_step(7, 0, (ALPHA + BETA * 7 + (0.010 if slow_now else 0.0)) * rng.lognormvariate(0, 0.05))
+        p._load[1], p._done = 200.0 * 8, 8.0   # stream-steps per finished request: a life of 200 steps
+        return p._spread_reading()
+    assert reading(False) < 0.5e-3
+    assert reading(True) > 3e-3
