@@ -19,25 +19,21 @@ are `x = (T - s - a) / (beta + p)`, and the cap follows x:
   the prefill tokens per stream-step, both read over minutes, so a first wave whose prefills came
   before its first tokens, or a shift of prompt lengths, moves it smoothly and not by the luck of a
   period;
-* `s` is how far above the mean step the slowest tenth of request lives run, read from the steps:
-  every window of one request's life (stream-steps per finished request) over the last SPREAD_LIVES
-  lives, each window's mean step less the slope times its mean batch, the 90th percentile above their
-  mean (read at rank 0.9 (n + 1)).  The finished requests give the life and the cadence (a reading per
-  cohort of MIN_FINISHED); before a life is known, the cohort's own 90th percentile (a request that
-  ran at a mean batch above the cap now, before a fall, left out).
+* `s` is measured on the requests that finished (each one's seconds per token above the model at the
+  mean batch of its steps), so a bias the step model cannot see converges instead of being
+  multiplied into the floor; a cohort's 90th percentile is read at rank 0.9 (n + 1), and a request
+  that ran at a mean batch above the cap now (before a fall) is left out.
 
 States: `cold` runs a slow start, the cap doubling each round of `round_steps` decode steps at the
 cap while the mean step leaves room, toward x as soon as a slope is known (the levels', read from
 any two levels while cold, or a prior's), and past x one stream a round while the rounds leave room
 and no slope spans MIN_SPAN streams; `track` moves the cap toward x at each refit, down at once
 when x is half a stream or more below it (by at most half the cap), up only after two refits agree
-(to the lower of them, by at most doubling the cap), and not at all while x is within [cap, cap + 1);
-within three refits of a move, a move back waits for x half a stream past that band.
+(to the lower of them, by at most doubling the cap), and not at all while x is within [cap, cap + 1).
 Pure Python, no vLLM, no clock of its own: the caller passes `now`.
 """
 from __future__ import annotations
 
-import itertools
 import math
 from collections import deque
 
@@ -52,13 +48,8 @@ LEVEL_WEIGHT_CAP = 200.0  # one crowded level does not drown the others in the s
 MIN_FINISHED = 8          # finished requests in a cohort before its spread is read (else it waits a refit)
 FINISHED_KEEP = 256       # a cohort never holds more
 SPREAD_QUANTILE = 0.9     # >= 90% of requests at the floor
-SPREAD_LIVES = 16         # the spread is read from the steps of the last this many request lives ...
-SPREAD_WINDOWS = 16       # ... a window sliding by 1/this of a life
-STEPS_KEEP = 16384        # steps kept for it (16 lives of 1024 tokens; longer lives: fewer of them)
 DOWN_NOW = 0.5            # streams: x this far below the cap moves it down at once
 CONFIRM_UP = 2            # refits in a row that must agree before the cap rises (to the lower of them)
-                          # (within `LoopPolicy.reversal_hold` refits of a move, moving back needs x half
-                          # a stream past the dead band: x that sits on a whole stream flipped the cap)
 SMOOTH = 0.5              # weight of the newest refit in the slope and the spread ...
 PREFILL_HALFLIFE = 60.0   # seconds: the prefill a stream brings is read over a few request lives
 ANCHOR_SMOOTH = 0.3       # ... and in the intercept (a period holds few of the longest prefill steps),
@@ -169,7 +160,6 @@ class LoopPolicy:
     a sweep's capacity profile or a prediction, or None (a slow start)."""
 
     name = "loop"
-    reversal_hold = 3  # refits after a move in which moving back needs x half a stream past the cap
 
     def __init__(self, floor: float, max_num_seqs: int, prior: tuple[float, float] | None = None,
                  round_steps: int = ROUND_STEPS) -> None:
@@ -182,11 +172,8 @@ class LoopPolicy:
         self.round_steps = int(round_steps)
         self.levels = StepLevels()
         self.ratio = 1.0            # delivery seconds per token / engine seconds per token
-        self.spread = 0.0           # s: how far above the mean step the slowest tenth of request lives run
+        self.spread = 0.0           # s: p90 seconds per token of finished requests minus the mean step
         self.finished: deque = deque(maxlen=FINISHED_KEEP)
-        self._steps: deque = deque(maxlen=STEPS_KEEP)  # (seconds, stream-steps) summed over every step so far
-        self._sums = [0.0, 0.0]
-        self._done = 0.0              # finished requests (decayed as `_load`): a life is stream-steps per request
         self.moves = 0
         self.x: float | None = None  # streams at the floor, from the last refit
         self._period = [0, 0.0, 0.0]  # steps, sum of seconds, sum of batch since the last refit
@@ -195,7 +182,6 @@ class LoopPolicy:
         self._up_to = 0
         self._down_seen = 0
         self._last_refit: float | None = None
-        self._last_dir, self._since_move = 0, 0
         self._round = [0, 0.0]        # slow start: steps at the cap this round, their seconds
         self._load = [0.0, 0.0]       # prefill tokens, stream-steps (decayed)
         self._prefill = [0.0, 0.0]    # seconds prefill added to its steps, its tokens (decayed)
@@ -215,10 +201,6 @@ class LoopPolicy:
     def observe_step(self, batch: int, prefill_tokens: int, seconds: float) -> None:
         if batch < 1 or not seconds > 0:
             return
-        sums = self._sums
-        sums[0] += seconds
-        sums[1] += batch
-        self._steps.append((sums[0], sums[1]))
         w = self._load
         w[1] += batch
         if prefill_tokens:  # what the prefill adds to the step, priced per token
@@ -244,10 +226,8 @@ class LoopPolicy:
 
     def observe_finished(self, seconds_per_token: float, mean_batch: float) -> None:
         """One finished request: its engine-clock seconds per token and the mean batch of its steps."""
-        if not (seconds_per_token > 0 and math.isfinite(seconds_per_token) and mean_batch >= 1):
-            return
-        self._done += 1.0  # a life is stream-steps per finished request
-        if self._measured and self.beta is not None:
+        if seconds_per_token > 0 and math.isfinite(seconds_per_token) and mean_batch >= 1 and self._measured \
+                and self.beta is not None:
             if self.cap is not None and mean_batch > self.cap + ABOVE_CAP:
                 return  # it ran under a higher cap: its spread is a load the cap no longer admits
             self.finished.append(seconds_per_token - self.slope * mean_batch - self._anchor)
@@ -344,32 +324,6 @@ class LoopPolicy:
             self._room_cap = None
             self._set(max(self.cap + 1, min(self.max_num_seqs, 2 * self.cap, x)))
 
-    @property
-    def life(self) -> float | None:
-        """Decode steps in a request's life: stream-steps per finished request, read over minutes."""
-        return self._load[1] / self._done if self._done >= MIN_FINISHED else None
-
-    def _spread_reading(self) -> float:
-        """A reading of `s`: how far above the mean step the slowest tenth of request lives run.  Read from
-        the steps, not from the cohort: every window of one life (L steps) over the last SPREAD_LIVES lives
-        is a life a request could have had; each window's mean step less the slope times its mean batch,
-        and the 90th percentile of those above their mean.  A cohort of 8-20 finished requests gave a 90th
-        percentile that moved the cap by a third of a stream from refit to refit, and after a change of
-        load it described the load before; windows over the steps see the load in force, and over 16 lives
-        a host whose speed wanders as well.  Without a life yet (or too few steps), the cohort's."""
-        life, steps = self.life, self._steps
-        if life is not None:
-            n = max(MIN_LEVEL_STEPS, int(round(life)))
-            span = min(len(steps), SPREAD_LIVES * n + 1)
-            if span >= 2 * n + 1:
-                cum = list(itertools.islice(steps, len(steps) - span, len(steps)))
-                slope = self.slope
-                res = [((cum[i + n][0] - cum[i][0]) - slope * (cum[i + n][1] - cum[i][1])) / n
-                       for i in range(0, span - n, max(1, n // SPREAD_WINDOWS))]
-                mean = sum(res) / len(res)
-                return max(0.0, upper_quantile(res, SPREAD_QUANTILE) - mean)
-        return max(0.0, upper_quantile(self.finished, SPREAD_QUANTILE)) if self.finished else self.spread_in_use
-
     def _blend(self, anchored: float, steps: float) -> None:
         """The intercept read on `steps` decode steps: the first reading replaces the prior's; later ones
         move it ANCHOR_SMOOTH of the way, or by their share of all the steps read so far when that is
@@ -398,7 +352,6 @@ class LoopPolicy:
             self.levels.decay(0.5 ** ((now - self._last_refit) / LEVEL_HALFLIFE))
             keep = 0.5 ** ((now - self._last_refit) / PREFILL_HALFLIFE)
             self._load = [v * keep for v in self._load]
-            self._done *= keep
             self._prefill = [v * keep for v in self._prefill]
         self._last_refit = now
         n, sum_t, sum_b = self._period
@@ -420,9 +373,12 @@ class LoopPolicy:
         self._anchor = anchored
         self._measured = True
         if len(self.finished) >= MIN_FINISHED:
-            # a cohort of requests finished since the spread was last read: read it (from the steps over
-            # the last lives, `_spread_reading`), smoothed, once per cohort
-            spread = self._spread_reading()
+            # the cohort of requests finished since the spread was last read: each one's own intercept
+            # (its seconds per token less the slope times the mean batch it ran at) above the last
+            # period's mean-step intercept when it finished; the cohort's 90th percentile is what the
+            # mean step misses.  Per cohort, smoothed: requests that straddled a change of load (a
+            # shift, the first wave of a closed loop) weigh on one or two readings, not on a minute's
+            spread = max(0.0, upper_quantile(self.finished, SPREAD_QUANTILE))  # the 90th percentile is above the mean
             self.finished.clear()
             # a bounded step, as the slope's: one cohort that ran beside a change (a shift's first long
             # prefills) read 17 ms where 1 had been usual and 5 became so, and at the cap that fell the
@@ -440,27 +396,23 @@ class LoopPolicy:
         if ttft_streams is not None:
             target = max(1, min(target, int(ttft_streams)))
         cap = before if before is not None else target
-        self._since_move += 1
-        held = self._since_move <= self.reversal_hold
         if target < cap:
             self._up_seen = 0
             self._down_seen += 1
-            if x < cap - DOWN_NOW or (self._down_seen >= CONFIRM_UP and not (held and self._last_dir > 0)) \
-                    or (ttft_streams is not None and target == ttft_streams):
+            if x < cap - DOWN_NOW or self._down_seen >= CONFIRM_UP or (ttft_streams is not None and target == ttft_streams):
                 cap = max(target, cap - max(1, cap // 2))
                 self._down_seen = 0
         elif target > cap and self.state == TRACK:  # cold: the slow start raises it
             self._down_seen = 0
             self._up_seen += 1
             self._up_to = target if self._up_seen == 1 else min(self._up_to, target)
-            if self._up_seen >= CONFIRM_UP and not (held and self._last_dir < 0 and x < cap + 1 + DOWN_NOW):
+            if self._up_seen >= CONFIRM_UP:  # never on one refit: who gets in cannot be taken back
                 cap = min(self._up_to, 2 * cap)  # two refits agree: as far as the slow start would go
                 self._up_seen = 0
         else:
             self._up_seen = self._down_seen = 0
         if cap == before:
             return None
-        self._last_dir, self._since_move = (1 if before is None or cap > before else -1), 0
         self.moves += 1
         self.cap = cap
         return (f"{before or 'none'} -> {cap} (streams at the floor {x:.1f}: target {self.target * 1e3:.1f} ms a "
