@@ -6,7 +6,8 @@ guard, judged on the same loads at two floors.
    The two floors are --far x r1 (0.55: far from the single-stream rate) and
    --near x r1 (0.82: close to it); the capacity at each is the sweep fit's (what a user would read
    from `vllm-spark bench` and set by hand).
-2. Per floor F, per round, five servers in turn, each fresh: guard off; the static oracle
+2. Per floor F, per round, five servers in turn (in reverse order on every other round, so no
+   server always runs first on a box whose speed drifts within minutes), each fresh: guard off; the static oracle
    (`--max-num-seqs` = the capacity at F); the guard (SPARK_PLUGIN_GUARD=admission,
    SPARK_PLUGIN_FLOORS=F) from a slow start; `prior`, the guard given the calibration sweep's
    capacity profile (SPARK_PLUGIN_PROFILE), the same sweep the static oracle's cap comes from; and
@@ -476,7 +477,7 @@ def matrix_main(args, model: str, work: Path) -> int:
     for k in range(args.rounds):
         for label in args.floors:
             floor, cap = cal["floors"][label], cal["capacity"][label]
-            for mode in args.servers:
+            for mode in (args.servers if k % 2 == 0 else args.servers[::-1]):
                 if mode == "settled" and settled[label] is None:
                     settled[label] = settled_cap(matrix.m["cells"], label)
                     if settled[label] is None:
