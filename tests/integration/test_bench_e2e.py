@@ -76,9 +76,12 @@ def test_sweep_against_cpu_vllm_server(vllm_server, tmp_path):
             assert p["per_stream_median_tps"] == ""
     rate = {int(p["concurrency"]): float(p["per_stream_median_tps"]) for p in points if p["per_stream_median_tps"]}
     assert len(rate) >= 2, f"too few points with stream timings: {rate}"
-    assert rate[max(rate)] < rate[min(rate)], rate  # each stream slows as the batch grows ...
+    # Not gated: that each stream slows as the batch grows.  The tiny model's step is nearly flat up to
+    # 16 streams, so the per-stream medians at 1 and 16 are within the box's drift of each other
+    # (156 and 177 tok/s in a clean-clone run, 127 at 2): two wall-clock readings raced on shared cores.
+    # The work done per second rises ~15x, far past the drift:
     out_tps = {int(p["concurrency"]): float(p["output_tps"]) for p in points}
-    assert out_tps[16] > 2 * out_tps[1], out_tps  # ... while the work done per second rises
+    assert out_tps[16] > 2 * out_tps[1], out_tps
     summary = json.loads((out / "summary.json").read_text())
     assert summary["complete"] and summary["servers"][0]["engine_version"]
     assert summary["servers"][0]["cache_config"], "vllm:cache_config_info not read from /metrics"
