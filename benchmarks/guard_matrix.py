@@ -7,6 +7,7 @@ admission policy.  Deterministic (seeded), a few seconds of CPU.
     python benchmarks/guard_matrix.py --check    # exit 1 if docs/guard.md's table is not what this gives
     python benchmarks/guard_matrix.py --seeds 2 3   # the gates each policy misses on other seeds (no file written)
     python benchmarks/guard_matrix.py --seeds 1 2 --drift 0.2 20 --refit 2   # ... on a drifting host
+    python benchmarks/guard_matrix.py --seeds 1 2 --slow 2 20 50   # ... on a host at half speed from 20 to 50 s
     python benchmarks/guard_matrix.py --seeds 1 2 --tuned-elsewhere   # ... and what a static cap tuned by
                                                  # sweep on another day misses (the yardstick a user reaches)
 
@@ -37,13 +38,16 @@ def main(argv=None) -> int:
                     "each policy misses (writes nothing)")
     ap.add_argument("--drift", type=float, nargs=2, metavar=("SIGMA", "TAU"),
                     help="with --seeds: every engine's speed drifting (log-scale std, seconds correlated)")
+    ap.add_argument("--slow", type=float, nargs=3, metavar=("FACTOR", "START", "END"),
+                    help="with --seeds: every step FACTOR times as long from START to END seconds (a host "
+                    "that slows within a minute and comes back)")
     ap.add_argument("--refit", type=float, metavar="SECONDS", help="with --seeds: the guard's refit period")
     ap.add_argument("--tuned-elsewhere", action="store_true", help="with --seeds: also the gates a static cap "
                     "tuned on another day (the best static cap of seed + 1000) misses")
     args = ap.parse_args(argv)
-    if (args.drift or args.refit or args.tuned_elsewhere) and not args.seeds:
-        ap.error("--drift, --refit and --tuned-elsewhere go with --seeds (the table is the plant as it is)")
-    matrix.vary(tuple(args.drift) if args.drift else None, args.refit)
+    if (args.drift or args.slow or args.refit or args.tuned_elsewhere) and not args.seeds:
+        ap.error("--drift, --slow, --refit and --tuned-elsewhere go with --seeds (the table is the plant as it is)")
+    matrix.vary(tuple(args.drift) if args.drift else None, args.refit, tuple(args.slow) if args.slow else None)
     t0 = time.process_time()
     if args.seeds:
         totals: dict[str, int] = {}

@@ -211,13 +211,17 @@ def outcome(name: str, how: str, seed: int | None = None) -> dict:
     return {"outcome": judge(run(s, how), s)}
 
 
-def vary(drift: tuple[float, float] | None = None, refit_seconds: float | None = None) -> None:
-    """Every scenario's engine with a slow drift of its speed (sigma, tau: Engine.drift_*), and the
-    guard's refit period: the conditions of a shared host, to judge a candidate beyond the table's."""
+def vary(drift: tuple[float, float] | None = None, refit_seconds: float | None = None,
+         slow: tuple[float, float, float] | None = None) -> None:
+    """Every scenario's engine with a slow drift of its speed (sigma, tau: Engine.drift_*) or a spell of
+    slow steps (factor, start, end: Engine.slow), and the guard's refit period: the conditions of a
+    shared host, to judge a candidate beyond the table's."""
     global SCENARIOS, REFIT_SECONDS
     if drift is not None:
         SCENARIOS = tuple(replace(s, engine=replace(s.engine, drift_sigma=drift[0], drift_tau=drift[1]))
                           for s in SCENARIOS)
+    if slow is not None:
+        SCENARIOS = tuple(replace(s, engine=replace(s.engine, slow=tuple(slow))) for s in SCENARIOS)
     if refit_seconds is not None:
         REFIT_SECONDS = refit_seconds
     oracle.cache_clear()

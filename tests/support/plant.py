@@ -59,6 +59,9 @@ class Engine:
     drift_sigma: float = 0.0        # a slow drift of the whole step (log scale, stationary std) ...
     drift_tau: float = 20.0         # ... correlated over about this many seconds (AR(1)): a shared host
                                     # whose speed wanders between refits, as the CPU test bed's does
+    slow: tuple[float, float, float] | None = None  # (factor, start, end): every step this many times as
+                                    # long from `start` to `end` seconds, a host that slows within a
+                                    # minute (another job on the box) and comes back
 
     @property
     def mean_noise(self) -> float:
@@ -290,6 +293,8 @@ class Plant:
             dt = (e.decode_step(b) + e.gamma * ctx_cost) * rng.lognormvariate(0.0, e.sigma)
             if rng.random() * e.tail_every < 1.0:
                 dt *= e.tail_factor
+            if e.slow and e.slow[1] <= t < e.slow[2]:
+                dt *= e.slow[0]
             if e.drift_sigma:
                 keep = math.exp(-dt / e.drift_tau)
                 drift = drift * keep + wander.gauss(0.0, e.drift_sigma * math.sqrt(1.0 - keep * keep))

@@ -103,3 +103,19 @@ def test_a_static_cap_tuned_on_another_day_is_judged_by_the_same_gates():
     short = m.short_gates_tuned_elsewhere(1)
     assert "long-prefill: 85% at the floor (cap 6 against 5)" in short
     assert not any(x.startswith(("warm-60-3x", "warm-85-3x", "shift")) for x in short)
+
+
+def test_a_slow_spell_lengthens_the_steps_inside_it_and_no_others():
+    """`--slow FACTOR START END` (docs/guard.md, iteration 18): a static cap on the CPU steps with every step
+    1.5x as long from 20 to 50 s finishes fewer tokens, and the requests that finish before the spell
+    are exactly the run's without it (same seed, same clock up to 20 s)."""
+    from dataclasses import replace
+
+    from support.plant import Plant
+
+    s = m.scenario("cpu-cold-55-3x")
+    plain = Plant(s.engine, s.load, 1).run(static=13)
+    slow = Plant(replace(s.engine, slow=(1.5, 20.0, 50.0)), s.load, 1).run(static=13)
+    before = [(f.arrival, f.done) for f in plain.finished if f.done < 20.0]
+    assert before and before == [(f.arrival, f.done) for f in slow.finished if f.done < 20.0]
+    assert len(slow.finished) < 0.95 * len(plain.finished)  # 882 against 994 on seed 1
