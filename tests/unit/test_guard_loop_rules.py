@@ -133,3 +133,50 @@ def test_one_cohorts_spread_moves_the_spread_by_a_bounded_step():
     # a spread worn down to 1 us by quiet cohorts: a reading counts up to the prior's 5% of the target
     # (41.7 ms a token: 2.1 ms), not only to 3 us
     assert with_spread(1e-6, [0.017] * 8) == pytest.approx(0.5 * 0.05 / 24.0, rel=0.01)
+
+
+def _tracking(rng, levels=(2, 3, 6, 8, 10), steps=200):
+    """A loop tracking at a cap of 3 whose levels were read at 2-10 streams at the host's usual speed."""
+    p = LoopPolicy(24.0, 64, prior=(ALPHA, BETA))
+    p.state, p.cap, p.alpha, p.beta, p._measured = TRACK, 3, ALPHA, BETA, True
+    for b in levels:
+        feed(p, b, steps, rng)
+    p.refit(0.0)
+    return p
+
+
+def test_the_levels_follow_the_hosts_speed_where_the_cap_no_longer_goes():
+    """Another job slows every step by half while the cap holds the batch at 3: the levels at 6-10 streams,
+    no longer visited, follow the speed the steps at 3 measure, so the slope read across them is the
+    slowed host's (a level read at the old speed beside one read at the new gives any slope); when the
+    host comes back, they come back with it."""
+    rng = random.Random(7)
+    p = _tracking(rng)
+    before = {b: p.levels.mean(b) for b in (2, 10)}
+    for k in range(1, 4):
+        feed(p, 3, 300, rng, alpha=1.5 * ALPHA)   # 1.5x the intercept: about 1.4x the step at 3
+        p.refit(10.0 * k)
+    slowed = (1.5 * ALPHA + BETA * 3) / (ALPHA + BETA * 3)
+    assert p.levels.mean(10) / before[10] == pytest.approx(slowed, rel=0.03)
+    for k in range(4, 8):
+        feed(p, 3, 300, rng)
+        p.refit(10.0 * k)
+    assert p.levels.mean(10) / before[10] == pytest.approx(1.0, rel=0.03)
+    assert p.levels.slope() == pytest.approx(BETA, rel=0.15)
+
+
+def test_a_level_read_high_by_one_round_does_not_move_the_others():
+    """A level first read from one 40-step round 2% high, then at length at the usual speed: the period's
+    steps differ from its mean by its own error, not the host's speed (the level's 40 steps weigh in the
+    evidence), so the other levels keep their means."""
+    rng = random.Random(8)
+    p = _tracking(rng, levels=(2, 6, 10))
+    for _ in range(ROUND_STEPS):
+        p.observe_step(4, 0, 1.02 * (ALPHA + BETA * 4) * rng.lognormvariate(0, 0.05))
+    p.refit(10.0)
+    before = {b: p.levels.mean(b) for b in (2, 6, 10)}
+    for k in range(2, 5):
+        feed(p, 4, 300, rng)
+        p.refit(10.0 * k)
+    for b, m in before.items():
+        assert p.levels.mean(b) == pytest.approx(m, rel=0.005)

@@ -101,7 +101,10 @@ def test_a_binding_cap_keeps_the_model_and_re_anchors_the_intercept():
         now += 10
         p.refit(now)
     assert p.cap is not None and 7 <= p.cap <= 11   # (41.7 - 2.1 - 28) / 1.2 = 9.7
-    assert p.beta == pytest.approx(BETA, rel=0.2) and p.alpha == pytest.approx(ALPHA + 0.006, abs=0.002)
+    # the levels follow the host's speed (a 6 ms longer step reads as 15% slower at 13 streams), so
+    # slope and intercept move together: the step at the batch in force is the slowed host's
+    assert p.beta == pytest.approx(BETA, rel=0.2)
+    assert p.alpha + p.beta * p.cap == pytest.approx(ALPHA + 0.006 + BETA * p.cap, rel=0.03)
 
 
 def test_near_the_lone_stream_rate_a_heavy_tail_does_not_collapse_the_cap():
