@@ -83,15 +83,25 @@ class StepLevels:
     """Decayed count and sum of step seconds per batch size (decode-only steps); the slope from a
     weighted least-squares line through the level means."""
 
-    __slots__ = ("n", "s", "first", "marked")
+    __slots__ = ("n", "s", "first", "marked", "speed")
 
     def __init__(self) -> None:
         self.n: dict[int, float] = {}
         self.s: dict[int, float] = {}
         self.first: dict[int, list[float]] = {}  # a new level's first steps, until their median is known
-        self.marked: dict[int, float] = {}       # each level's seconds at the last mark
+        # at the last mark, each level's [seconds (decayed with the level), mean, steps] (mean None below
+        # one step), and since then, per level with a mean: [steps, sum of step/mean, sum of its square]
+        self.marked: dict[int, list] = {}
+        self.speed: dict[int, list[float]] = {}
 
     def add(self, batch: int, seconds: float) -> None:
+        m = self.marked.get(batch)
+        if m is not None and m[1] is not None and seconds <= OUTLIER * m[1]:
+            q = seconds / m[1]
+            v = self.speed.setdefault(batch, [0, 0.0, 0.0])
+            v[0] += 1
+            v[1] += q
+            v[2] += q * q
         n = self.n.get(batch)
         if n is None:
             # A new level's first steps wait until there are MIN_LEVEL_STEPS of them and join against their
@@ -111,26 +121,52 @@ class StepLevels:
         self.n[batch] = n + 1.0
         self.s[batch] = self.s[batch] + seconds
 
-    def mark(self) -> None:
-        """Remember each level's sums: the steps measured so far, before the next period's."""
-        self.marked = dict(self.s)
+    def follow_speed(self) -> float | None:
+        """At the end of a period: when its steps show the host's speed changed since the last mark
+        (`speed_change`), the steps measured before it are rescaled (the levels the batch no longer
+        visits follow the host; the period's own steps are at the new speed already); then a new mark.
+        Returns the factor applied, or None."""
+        factor = self.speed_change()
+        if factor is not None:
+            for b, m in self.marked.items():
+                if b in self.s:
+                    self.s[b] += (factor - 1.0) * m[0]
+        self.speed = {}
+        self.marked = {b: [s, s / self.n[b] if self.n[b] >= 1.0 else None, self.n[b]] for b, s in self.s.items()}
+        return factor
 
-    def rescale(self, factor: float) -> None:
-        """The marked steps' seconds times `factor`: the host's speed changed since they were measured, and
-        the levels follow it (the steps measured since the mark are at the new speed already)."""
-        for b, s in self.marked.items():
-            if b in self.s:
-                self.s[b] += (factor - 1.0) * s
+    def speed_change(self) -> float | None:
+        """The host's speed over the period against the levels' means at the mark, when the steps show
+        it: each level's ratio of the period's mean step to its mean, weighed by its precision (the step's
+        spread over the period's steps and over the level's own), and a change only beyond SPEED_EVIDENCE
+        standard errors (a level read from one 40-step round is itself 1-2% off)."""
+        n = sum(v[0] for v in self.speed.values())
+        if n < 2 * MIN_FINISHED:
+            return None
+        mean_q = sum(v[1] for v in self.speed.values()) / n
+        var = max(1e-8, sum(v[2] for v in self.speed.values()) / n - mean_q * mean_q)
+        w_sum = r_sum = 0.0
+        for b, (k, q_sum, _) in self.speed.items():
+            if k < 2:
+                continue
+            w = 1.0 / (var * (1.0 / k + 1.0 / self.marked[b][2]))
+            w_sum += w
+            r_sum += w * q_sum / k
+        if not w_sum:
+            return None
+        r = r_sum / w_sum
+        return r if abs(r - 1.0) > SPEED_EVIDENCE / math.sqrt(w_sum) else None
 
     def decay(self, factor: float) -> None:
         for b in list(self.n):
             self.n[b] *= factor
             self.s[b] *= factor
             if b in self.marked:
-                self.marked[b] *= factor
+                self.marked[b][0] *= factor
             if self.n[b] < 0.5:
                 del self.n[b], self.s[b]
-                self.marked.pop(b, None)
+                if b in self.marked:  # its seconds go with it; its mean at the mark still reads the speed
+                    self.marked[b][0] = 0.0
 
     def mean(self, batch: int) -> float | None:
         n = self.n.get(batch, 0.0)
@@ -195,9 +231,6 @@ class LoopPolicy:
         self.moves = 0
         self.x: float | None = None  # streams at the floor, from the last refit
         self._period = [0, 0.0, 0.0]  # steps, sum of seconds, sum of batch since the last refit
-        self._speed: dict[int, list[float]] = {}  # per known level, the decode steps since the last refit: n,
-                                      # the sum of their ratios to the level's mean and of the ratios squared
-        self._snap: dict[int, tuple[float, float]] = {}  # each level's mean and steps at the last refit
         self._bound = False           # the cap held requests back since the last refit
         self._up_seen = 0
         self._up_to = 0
@@ -236,13 +269,6 @@ class LoopPolicy:
         p[0] += 1
         p[1] += seconds
         p[2] += batch
-        snap = self._snap.get(batch)
-        if snap is not None and seconds <= OUTLIER * snap[0]:
-            v = self._speed.setdefault(batch, [0, 0.0, 0.0])
-            q = seconds / snap[0]
-            v[0] += 1
-            v[1] += q
-            v[2] += q * q
         self.levels.add(batch, seconds)
         if self.state == COLD and self.cap is not None and batch >= self.cap:
             r = self._round
@@ -352,28 +378,6 @@ class LoopPolicy:
             self._room_cap = None
             self._set(max(self.cap + 1, min(self.max_num_seqs, 2 * self.cap, x)))
 
-    def _speed_change(self) -> float | None:
-        """The host's speed over the period against the levels' means, when the steps show it: each known
-        level's ratio of the period's mean step to the level's mean, weighed by its precision (the step's
-        spread over the period's steps and over the level's own), and a change only beyond SPEED_EVIDENCE
-        standard errors (a level read from one 40-step round is itself 1-2% off)."""
-        n = sum(v[0] for v in self._speed.values())
-        if n < 2 * MIN_FINISHED:
-            return None
-        mean_q = sum(v[1] for v in self._speed.values()) / n
-        var = max(1e-8, sum(v[2] for v in self._speed.values()) / n - mean_q * mean_q)
-        w_sum = r_sum = 0.0
-        for b, (k, q_sum, _) in self._speed.items():
-            if k < 2:
-                continue
-            w = 1.0 / (var * (1.0 / k + 1.0 / self._snap[b][1]))
-            w_sum += w
-            r_sum += w * q_sum / k
-        if not w_sum:
-            return None
-        r = r_sum / w_sum
-        return r if abs(r - 1.0) > SPEED_EVIDENCE / math.sqrt(w_sum) else None
-
     def _blend(self, anchored: float, steps: float) -> None:
         """The intercept read on `steps` decode steps: the first reading replaces the prior's; later ones
         move it ANCHOR_SMOOTH of the way, or by their share of all the steps read so far when that is
@@ -408,12 +412,7 @@ class LoopPolicy:
         if n < 2 * MIN_FINISHED:
             return None  # too few steps since the last refit: keep the period open
         self._period = [0, 0.0, 0.0]
-        speed = self._speed_change()
-        if speed is not None:  # the host slowed or sped up: the levels it no longer visits follow it
-            self.levels.rescale(speed)
-        self._speed = {}
-        self._snap = {b: (m, self.levels.n[b]) for b in self.levels.n if (m := self.levels.mean(b)) is not None}
-        self.levels.mark()
+        self.levels.follow_speed()  # the host slowed or sped up: the levels it no longer visits follow it
         bound, self._bound = self._bound, False
         mean_t = sum_t / n
         beta = self.levels.slope()
