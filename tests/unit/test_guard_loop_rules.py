@@ -180,3 +180,46 @@ def test_a_level_read_high_by_one_round_does_not_move_the_others():
         p.refit(10.0 * k)
     for b, m in before.items():
         assert p.levels.mean(b) == pytest.approx(m, rel=0.005)
+
+
+def test_a_slow_start_the_load_does_not_reach_climbs_at_the_refit_and_one_it_reaches_does_not():
+    """Floor 20 tok/s on the prior (22 ms + 1.2 ms a stream): x is 21 streams and the slow start begins at
+    10.  Arrivals that keep the batch at 3 never make a round at the cap, so the refit raises it, by at
+    most doubling; where requests waited at the cap this period, the rounds do that."""
+    def period(bound):
+        p, rng = LoopPolicy(20.0, 64, prior=(ALPHA, BETA)), random.Random(11)
+        assert p.cap == 10 and p.state == COLD
+        if bound:
+            p.limit(10, 2)
+        feed(p, 3, 40, rng)
+        p.refit(10.0)
+        return p
+    idle = period(bound=False)
+    assert idle.state == COLD and idle.x > 20 and idle.cap == 20
+    assert period(bound=True).cap == 10
+
+
+def _bursty(step_batch, rng, p):
+    """One period: 40 decode steps at `step_batch`, and 20 requests finished at a mean batch of 6, each
+    8-10 ms a token above the model there (37-39 ms a token against a target of 41.7)."""
+    feed(p, step_batch, 40, rng)
+    for _ in range(20):
+        p.observe_finished(ALPHA + BETA * 6 + 0.010 * rng.uniform(0.8, 1.0), 6.0)
+
+
+def test_requests_that_met_the_floor_with_room_under_a_cap_the_batch_seldom_reaches_raise_it():
+    """The model's x is the batch at which 90% of requests meet the floor: 8 here (a spread of 10 ms).
+    Under arrivals in bursts the batch sat at 6 with the cap at 10 and every request met the floor with
+    more than a stream's step to spare, so the cap rises to 11 (two refits agreeing) instead of falling
+    to 8; where the period's batch sits at the cap the model's x moves it, down at once."""
+    def tracking(step_batch):
+        p, rng = LoopPolicy(24.0, 64, prior=(ALPHA, BETA)), random.Random(12)
+        p.state, p.cap, p.spread, p._spread_known, p._measured, p._anchor = TRACK, 10, 0.010, True, True, ALPHA
+        for now in (10.0, 20.0):
+            _bursty(step_batch, rng, p)
+            p.refit(now)
+        return p
+    bursts = tracking(6)
+    assert bursts._streams() < 9 and bursts.x == 11.0 and bursts.cap == 11
+    at_cap = tracking(10)
+    assert at_cap.x < 9 and at_cap.cap == 8

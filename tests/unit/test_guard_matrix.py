@@ -26,8 +26,6 @@ _EDGE = ("the cap is the best static cap (10) from 6 s on and 11 from 80 s: 89% 
 # strict, so a fix that meets one fails here until its line goes.
 SHORT = {
     ("cold-30-6x", 1, "loop"): _CLIMB_PAST + ": 0.88x the best static cap's goodput",
-    ("open-60", 1, "loop"): ("under Poisson arrivals the cap sits a stream below the best static cap (9 against 10) "
-                             "for 40 s and the queue costs TTFT: 86% at both SLOs at 0.6x, capacity 0.5x against 0.6x"),
     ("shift", 1, "loop"): _SHIFT + " (8 from 80 s to 120 s where 7 is best): 86% at the floor",
     ("cpu-cold-75-3x", 1, "loop"): _CPU_SLOW + "3 at 30 s, 4 (the best) at 60 s: 0.80x",
     ("cpu-warm-75-3x", 1, "loop"): _CPU_SLOW + "3 at 20 s, 4 (the best) at 40 s: 0.87x",

@@ -24,14 +24,21 @@ are `x = (T - s - a) / (beta + p)`, and the cap follows x:
 * `s` is measured on the requests that finished (each one's seconds per token above the model at the
   mean batch of its steps), so a bias the step model cannot see converges instead of being
   multiplied into the floor; a cohort's 90th percentile is read at rank 0.9 (n + 1), and a request
-  that ran at a mean batch above the cap now (before a fall) is left out.
+  that ran at a mean batch above the cap now (before a fall) is left out;
+* under arrivals in bursts (a period whose mean batch sat a stream or more below the cap) x is read
+  from the requests that finished under the cap as well: x is the batch at which 90% meet the floor,
+  and a cap the batch reaches only at times keeps 90% at the floor higher than that, so when 90% of
+  them would still meet it with one more stream's step on every token, x is at least cap + 1 (when
+  90% met it as they ran, at least the cap).
 
 States: `cold` runs a slow start, the cap doubling each round of `round_steps` decode steps at the
 cap while the mean step leaves room, toward x as soon as a slope is known (the levels', read from
 any two levels while cold, or a prior's), and past x one stream a round while the rounds leave room
-and no slope spans MIN_SPAN streams; `track` moves the cap toward x at each refit, down at once
-when x is half a stream or more below it (by at most half the cap), up only after two refits agree
-(to the lower of them, by at most doubling the cap), and not at all while x is within [cap, cap + 1).
+and no slope spans MIN_SPAN streams (a period in which no request waited at the cap, so no round ran,
+raises it at the refit instead, to x by at most doubling); `track` moves the cap toward x at each
+refit, down at once when x is half a stream or more below it (by at most half the cap), up only after
+two refits agree (to the lower of them, by at most doubling the cap), and not at all while x is
+within [cap, cap + 1).
 Pure Python, no vLLM, no clock of its own: the caller passes `now`.
 """
 from __future__ import annotations
@@ -62,6 +69,10 @@ SPREAD_PRIOR = 0.05       # of the target: the spread assumed until finished req
 SPREAD_STEP = (2.0, 3.0)  # a cohort's reading counts at most this many times below / above the spread in
                           # use (above: or up to SPREAD_PRIOR of the target)
 SPEED_EVIDENCE = 3.0      # standard errors: a change of the host's speed the levels follow
+OUTCOMES_MIN = 12         # requests finished under the cap in force before their rates may hold or raise it
+OUTCOMES_SECONDS = 15.0   # ... read over this period and those that ended this recently
+BELOW_CAP = 1.0           # streams: a period whose mean batch is this far below the cap ran under a cap
+                          # that binds only at times (arrivals in bursts): its requests' rates price it
 RATIO_RANGE = (0.5, 3.0)  # a delivery/engine ratio outside this is a broken feedback, clamped
 
 
@@ -228,6 +239,8 @@ class LoopPolicy:
         self.ratio = 1.0            # delivery seconds per token / engine seconds per token
         self.spread = 0.0           # s: p90 seconds per token of finished requests minus the mean step
         self.finished: deque = deque(maxlen=FINISHED_KEEP)
+        self._outcomes: list = []     # (seconds per token, cap at its finish) of the requests finished this period
+        self._past: deque = deque()   # (refit time, that period's outcomes) of the periods before
         self.moves = 0
         self.x: float | None = None  # streams at the floor, from the last refit
         self._period = [0, 0.0, 0.0]  # steps, sum of seconds, sum of batch since the last refit
@@ -285,6 +298,7 @@ class LoopPolicy:
             if self.cap is not None and mean_batch > self.cap + ABOVE_CAP:
                 return  # it ran under a higher cap: its spread is a load the cap no longer admits
             self.finished.append(seconds_per_token - self.slope * mean_batch - self._anchor)
+            self._outcomes.append((seconds_per_token, self.cap))
 
     def observe_feedback(self, ratio: float) -> None:
         if ratio > 0 and math.isfinite(ratio):
@@ -378,6 +392,26 @@ class LoopPolicy:
             self._room_cap = None
             self._set(max(self.cap + 1, min(self.max_num_seqs, 2 * self.cap, x)))
 
+    def _measured_streams(self, now: float, mean_batch: float) -> float | None:
+        """Streams at the floor read from the requests that finished under the cap in force (this period and
+        those that ended within OUTCOMES_SECONDS), when the period's mean batch sat BELOW_CAP or more under
+        the cap: cap + 1 when 90% of them would meet the floor with one more stream's step on every
+        token (an upper bound: a higher cap adds a stream only while requests wait), the cap when 90%
+        met it as they ran, else None.  The model's x is the batch at which 90% meet the floor; a cap
+        the batch reaches only at times (arrivals in bursts) keeps 90% at the floor above that, and a
+        cap at x keeps a queue that costs TTFT."""
+        c = self.cap
+        periods = [self._outcomes] + [o for end, o in self._past if now - end < OUTCOMES_SECONDS]
+        rates = [t for period in periods for t, cap in period if cap == c]
+        if len(rates) < OUTCOMES_MIN or mean_batch >= c - BELOW_CAP:
+            return None
+        need = SPREAD_QUANTILE * len(rates)
+        if sum(1 for t in rates if t + self.slope <= self.target) >= need:
+            return c + 1.0
+        if sum(1 for t in rates if t <= self.target) >= need:
+            return float(c)
+        return None
+
     def _blend(self, anchored: float, steps: float) -> None:
         """The intercept read on `steps` decode steps: the first reading replaces the prior's; later ones
         move it ANCHOR_SMOOTH of the way, or by their share of all the steps read so far when that is
@@ -446,6 +480,14 @@ class LoopPolicy:
             self._spread_known = True
             self.state = TRACK  # outcomes measured: the slow start is over
         self.x = x = self._streams()
+        if self.state == TRACK and self.cap is not None and x is not None:
+            measured = self._measured_streams(now, sum_b / n)
+            if measured is not None and measured > x:
+                self.x = x = measured
+        self._past.append((now, self._outcomes))
+        self._outcomes = []
+        while self._past and now - self._past[0][0] >= OUTCOMES_SECONDS:
+            self._past.popleft()
         before = self.cap
         target = self._bounded(x)
         if ttft_streams is not None:
@@ -457,7 +499,12 @@ class LoopPolicy:
             if x < cap - DOWN_NOW or self._down_seen >= CONFIRM_UP or (ttft_streams is not None and target == ttft_streams):
                 cap = max(target, cap - max(1, cap // 2))
                 self._down_seen = 0
-        elif target > cap and self.state == TRACK:  # cold: the slow start raises it
+        elif target > cap and self.state == COLD and not bound:
+            # a slow start whose cap the load did not reach this period: its rounds need steps at the cap,
+            # so the refit, on the model the period's steps re-anchored, raises it (by at most doubling)
+            # before a burst meets a cap of half the prior's streams
+            cap = min(target, 2 * cap)
+        elif target > cap and self.state == TRACK:  # cold, the cap reached: the slow start raises it
             self._down_seen = 0
             self._up_seen += 1
             self._up_to = target if self._up_seen == 1 else min(self._up_to, target)
