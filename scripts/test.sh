@@ -57,7 +57,8 @@ rc=0
 if [ $# -eq 0 ]; then
   # one worker per core: the unit tier has no shared server, each test its own fake and registry
   run_pytest .venv/bin/python -ra -n auto tests/unit || rc=$?
-  run_pytest .venv/bin/python -ra --durations=10 tests/contract --deselect "$NEEDS_RELEASE_ENV" || rc=$?
+  # the contract tier too: real vLLM classes and fresh interpreters, nothing judged by the clock
+  run_pytest .venv/bin/python -ra -n auto --durations=10 tests/contract --deselect "$NEEDS_RELEASE_ENV" || rc=$?
   wait  # the environments prepared above: no install runs beside the integration tier
   run_pytest .venv/bin/python -ra --durations=15 "$NEEDS_RELEASE_ENV" tests/integration || rc=$?
   bash scripts/release-matrix.sh --ci || rc=$?

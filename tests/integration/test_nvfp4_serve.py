@@ -2,20 +2,23 @@
 `spark_nvfp4` config (reference path: dequantised at load, vLLM's unquantised linear and MoE), serve
 the dequantised bf16 checkpoint written by the converter's inverse, and compare greedy completions;
 then check, with transformers directly, that the NVFP4 model's logits stay close to the original
-bf16 model's.  No fakes: real `vllm serve` processes, one after the other.
+bf16 model's.  No fakes: real `vllm serve` processes, the two started side by side (a start is three
+processes importing vLLM one after another, about one core's work: two at once take little longer
+than one on two cores; greedy completions judge nothing by the clock).
 """
 from __future__ import annotations
 
 import json
 import re
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import torch
 
 from vllm_spark_plugin.quant import convert
-from vllm_spark_plugin.testbed.server import VllmServer
+from vllm_spark_plugin.testbed.server import VllmServer, free_port
 
 PROMPTS = [
     "The quick brown fox",
@@ -54,9 +57,9 @@ def nvfp4_checkpoints(tiny_model_path, artifacts_dir) -> dict[str, Path]:
     return {"bf16": Path(tiny_model_path), "nvfp4": nv, "dequantized": dq}
 
 
-def _serve(checkpoint: Path, log_path: Path) -> dict:
-    """Serve one checkpoint, collect the completions and /metrics, stop (never two servers at once)."""
-    server = VllmServer(model_path=str(checkpoint), log_path=log_path)
+def _serve(checkpoint: Path, log_path: Path, port: int) -> dict:
+    """Serve one checkpoint, collect the completions and /metrics, stop."""
+    server = VllmServer(model_path=str(checkpoint), log_path=log_path, port=port)
     server.start(timeout=900)
     try:
         out = {"completions": _complete(server)}
@@ -69,17 +72,33 @@ def _serve(checkpoint: Path, log_path: Path) -> dict:
 
 
 @pytest.fixture(scope="session")
-def nvfp4_served(nvfp4_checkpoints, artifacts_dir) -> dict:
-    """The NVFP4 checkpoint served through the plugin's config.  The release window
-    (scripts/release-matrix.sh) serves only this one: the tests that need the dequantised baseline
-    as well run on the main release."""
-    return _serve(nvfp4_checkpoints["nvfp4"], artifacts_dir / "vllm-server-nvfp4.log")
+def served(nvfp4_checkpoints, artifacts_dir, request) -> dict[str, dict]:
+    """The NVFP4 checkpoint served through the plugin's config and, when a test of this session
+    compares with it, the dequantised bf16 one, side by side.  The release window
+    (scripts/release-matrix.sh) serves only the NVFP4 one: the tests that need the dequantised
+    baseline as well run on the main release."""
+    names = ["nvfp4"]
+    if any("dequantized_served" in getattr(item, "fixturenames", ()) for item in request.session.items):
+        names.append("dequantized")
+    ports: list[int] = []
+    while len(ports) < len(names):  # distinct ports before either server binds one
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
+    with ThreadPoolExecutor(len(names)) as pool:
+        jobs = {name: pool.submit(_serve, nvfp4_checkpoints[name], artifacts_dir / f"vllm-server-{name}.log", port)
+                for name, port in zip(names, ports)}
+        return {name: job.result() for name, job in jobs.items()}
 
 
 @pytest.fixture(scope="session")
-def dequantized_served(nvfp4_checkpoints, artifacts_dir, nvfp4_served) -> dict:
-    """The dequantised bf16 checkpoint, served after the NVFP4 one has stopped."""
-    return _serve(nvfp4_checkpoints["dequantized"], artifacts_dir / "vllm-server-dequantized.log")
+def nvfp4_served(served) -> dict:
+    return served["nvfp4"]
+
+
+@pytest.fixture(scope="session")
+def dequantized_served(served) -> dict:
+    return served["dequantized"]
 
 
 @pytest.mark.server
