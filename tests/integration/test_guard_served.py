@@ -35,7 +35,8 @@ from vllm_spark_plugin.metrics import names as N
 
 HIGH, LOW = 0, 10  # vLLM's priority: a lower value is handled earlier
 # A low-priority request's decode is the margin the high-priority ones have to reach the engine: the
-# tiny model streams about 450 tok/s at cap 1, so 64 tokens were 0.15 s; 384 tokens are about 0.9 s.
+# tiny model streams 100-450 tok/s at cap 1 (the box's speed moves between days), so 64 tokens were
+# 0.15 s on a fast day; 384 tokens are 0.9 s at least.
 LOW_TOKENS, HIGH_TOKENS = 384, 8
 QUEUED_LOW = 10    # low-priority requests beyond the cap: the queue the high-priority ones join
 MIN_WAITING = 4    # of them, still waiting when the high-priority ones are sent (the server says 8)
