@@ -42,7 +42,6 @@ import argparse
 import csv
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -51,6 +50,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from vllm_spark_plugin.guard.loop import parse_move
 from vllm_spark_plugin.testbed.server import VllmServer, prioritize_client
 from vllm_spark_plugin.testbed.tiny_model import SERVED_NAME, ensure_tiny_model
 
@@ -140,15 +140,19 @@ def scenario(server: VllmServer, out: Path, name: str, args, *extra: str) -> dic
     return json.loads((out / "summary.json").read_text())["scenarios"][name]
 
 
-def last_guard_cap(log_path: Path) -> tuple[float | None, float | None]:
-    """(cap, step-time tail) from the engine core's last 'SLO guard cap' line."""
-    cap = tail = None
-    for line in Path(log_path).read_text(errors="replace").splitlines():
-        m = re.search(r"SLO guard cap \S+ -> (\d+|none) .*step-time tail ([0-9.]+)", line)
-        if m:
-            cap = None if m.group(1) == "none" else float(m.group(1))
-            tail = float(m.group(2))
-    return cap, tail
+def guard_moves(log_path: Path, offset: int = 0) -> tuple[int | None, dict[str, int]]:
+    """(the cap the last move set, moves per rule) from the engine core's 'SLO guard cap' lines written
+    past byte `offset` of the server's log (one line a move, naming its rule: guard/loop.py's RULES)."""
+    cap, rules = None, {}
+    with open(log_path, "rb") as f:
+        f.seek(offset)
+        text = f.read().decode(errors="replace")
+    for line in text.splitlines():
+        move = parse_move(line) if "SLO guard cap" in line else None
+        if move is not None:
+            cap = move[1]
+            rules[move[2]] = rules.get(move[2], 0) + 1
+    return cap, rules
 
 
 def median(values):
@@ -274,12 +278,13 @@ def load_args(load: str, floor: float, cap: int, args, round_index: int) -> tupl
 
 def measure(server: VllmServer, load: str, floor: float, cap: int, args, out: Path, round_index: int) -> dict:
     name, extra = load_args(load, floor, cap, args, round_index)
+    offset = server.log_path.stat().st_size if server.log_path.exists() else 0
     r = scenario(server, out, name, args, *extra)
     row = {k: r.get(k) for k in FIGURES}
     if load == "shift":
         row["after_rate_met_share"] = r["phases"]["after"]["rate_met_share"]
         row["after_ttft_p99_s"] = r["phases"]["after"]["ttft_p99_s"]
-    row["guard_cap_logged"], row["tail"] = last_guard_cap(server.log_path)
+    row["guard_cap_logged"], row["cap_moves"] = guard_moves(server.log_path, offset)
     return row
 
 

@@ -10,6 +10,8 @@ admission policy.  Deterministic (seeded), a few seconds of CPU.
     python benchmarks/guard_matrix.py --seeds 1 2 --slow 2 20 50   # ... on a host at half speed from 20 to 50 s
     python benchmarks/guard_matrix.py --seeds 1 2 --tuned-elsewhere   # ... and what a static cap tuned by
                                                  # sweep on another day misses (the yardstick a user reaches)
+    python benchmarks/guard_matrix.py --seeds 1 2 3 --rules   # ... and which rules moved each policy's cap
+                                                 # (guard/loop.py's RULES), per scenario over the seeds
 
 tests/unit/test_guard_matrix.py gates each scenario and checks docs/guard.md's table against this.
 """
@@ -44,13 +46,17 @@ def main(argv=None) -> int:
     ap.add_argument("--refit", type=float, metavar="SECONDS", help="with --seeds: the guard's refit period")
     ap.add_argument("--tuned-elsewhere", action="store_true", help="with --seeds: also the gates a static cap "
                     "tuned on another day (the best static cap of seed + 1000) misses")
+    ap.add_argument("--rules", action="store_true", help="with --seeds: also the moves of each policy's cap per "
+                    "rule, per scenario, summed over the seeds (closed-loop scenarios; an open one runs many rates)")
     args = ap.parse_args(argv)
-    if (args.drift or args.slow or args.refit or args.tuned_elsewhere) and not args.seeds:
-        ap.error("--drift, --slow, --refit and --tuned-elsewhere go with --seeds (the table is the plant as it is)")
+    if (args.drift or args.slow or args.refit or args.tuned_elsewhere or args.rules) and not args.seeds:
+        ap.error("--drift, --slow, --refit, --tuned-elsewhere and --rules go with --seeds (the table is the plant "
+                 "as it is)")
     matrix.vary(tuple(args.drift) if args.drift else None, args.refit, tuple(args.slow) if args.slow else None)
     t0 = time.process_time()
     if args.seeds:
         totals: dict[str, int] = {}
+        rules: dict[tuple[str, str], dict[str, int]] = {}
         for seed in args.seeds:
             matrix.reseed(seed)
             ways = {p: (lambda p=p: matrix.short_gates(p)) for p in matrix.policies()}
@@ -61,7 +67,16 @@ def main(argv=None) -> int:
                 totals[way] = totals.get(way, 0) + len(short)
                 print(f"seed {seed}, {way}: {len(short)} gate(s) short" + "".join(f"\n  {x}" for x in short),
                       flush=True)
+            for p in matrix.policies() if args.rules else ():
+                for s in matrix.SCENARIOS:
+                    o = matrix.outcome(s.name, p).get("outcome")
+                    for rule, n in (o.rules if o is not None else {}).items():
+                        tally = rules.setdefault((p, s.name), {})
+                        tally[rule] = tally.get(rule, 0) + n
         print("; ".join(f"{way}: {n} gate(s) short in all" for way, n in totals.items()))
+        for (p, name), tally in rules.items():
+            print(f"{p}, {name}: the cap's moves over {len(args.seeds)} seed(s): "
+                  + ", ".join(f"{rule} {n}" for rule, n in sorted(tally.items(), key=lambda kv: -kv[1])))
         return 0
     rows = matrix.table()
     table_md = matrix.markdown(rows)

@@ -106,6 +106,7 @@ class Outcome:
     cap_changes: int = 0
     lost: int = 0
     limit_exceeded: int = 0
+    rules: dict = field(default_factory=dict)  # the policy's moves per rule (guard.loop.RULES)
 
     def row(self) -> dict:
         return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
@@ -123,7 +124,8 @@ def judge(run: Run, s: Scenario, window: tuple[float, float] | None = None) -> O
     return Outcome(len(done), len(met) / len(done) if done else None, sum(f.output for f in met) / (w1 - w0),
                    median([f.ttft for f in done]), both / n_offered if n_offered else None,
                    None if p is None else p.cap, 0 if p is None else p.moves,
-                   run.arrived - len(run.finished) - run.left_running - run.left_waiting, run.limit_exceeded)
+                   run.arrived - len(run.finished) - run.left_running - run.left_waiting, run.limit_exceeded,
+                   dict(getattr(p, "rules", {})))
 
 
 def run(s: Scenario, how: str, load: Load | None = None, static: int | None = None) -> Run:

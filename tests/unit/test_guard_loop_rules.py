@@ -7,7 +7,7 @@ import random
 import pytest
 
 from vllm_spark_plugin.guard import LoopPolicy
-from vllm_spark_plugin.guard.loop import COLD, ROUND_STEPS, TRACK, upper_quantile
+from vllm_spark_plugin.guard.loop import COLD, ROUND_STEPS, RULES, TRACK, parse_move, upper_quantile
 
 from support.guard_matrix import CPU
 
@@ -32,6 +32,10 @@ def test_a_round_at_one_without_room_rounds_again_instead_of_holding_one_for_goo
     assert p.cap == 1 and p.state == COLD
     feed(p, 1, ROUND_STEPS, rng)                       # the next round at 1 leaves room: the slow start goes on
     assert p.cap == 2 and p.state == COLD
+    assert p.rules == {"cold-double": 1}
+    moved = p.refit(10.0)                              # the refit reports the round's move with its reading
+    assert moved.startswith("1 -> 2 [cold-double] (round at 1: mean step ") and "slope unknown" in moved
+    assert p.refit(20.0) is None
 
 
 def test_a_round_past_x_keeps_its_cap_while_its_own_steps_leave_room():
@@ -48,8 +52,27 @@ def test_a_round_past_x_keeps_its_cap_while_its_own_steps_leave_room():
     assert p.state == COLD and p.cap == 8   # no slope read across 4 streams yet: a round at 8 measures one more
     feed(p, 8, ROUND_STEPS, rng, alpha=0.040)  # that round has no room (48 ms steps): back to 7, the last with room
     assert p.state == TRACK and p.cap == 7
+    assert p.rules == {"cold-climb": 1, "cold-back-to-room": 1}
+    # the refit reports the rounds' moves, then its own (the period's slow steps re-anchor the intercept), in order
+    assert [line.split(" (")[0] for line in p.refit(10.0).splitlines()] == \
+        ["7 -> 8 [cold-climb]", "8 -> 7 [cold-back-to-room]", "7 -> 4 [down-now]"]
     slow, _ = first_round(0.040)            # mean step 48.4 ms: no room at 7, back by at most half
-    assert slow.state == TRACK and slow.cap == 4
+    assert slow.state == TRACK and slow.cap == 4 and slow.rules == {"cold-back": 1}
+
+
+def test_a_reported_move_reads_back_as_before_after_and_rule():
+    p, rng = LoopPolicy(24.0, 64, prior=(ALPHA, BETA)), random.Random(2)
+    feed(p, 7, ROUND_STEPS, rng)
+    feed(p, 8, ROUND_STEPS, rng, alpha=0.040)
+    moves = [parse_move("INFO 12-07 vllm-spark-plugin: SLO guard cap " + line) for line in p.refit(10.0).splitlines()]
+    assert len(moves) == p.moves >= 2
+    assert [m[0] for m in moves] == [7] + [m[1] for m in moves[:-1]] and moves[-1][1] == p.cap  # a chain
+    tally = {}
+    for _, _, rule in moves:
+        tally[rule] = tally.get(rule, 0) + 1
+    assert tally == p.rules and set(tally) <= set(RULES)
+    assert parse_move("none -> 3 [] (a cap set where there was none)") == (None, 3, "")
+    assert parse_move("SLO guard cap in force: 7") is None
 
 
 bent = CPU.decode_step  # the CPU build's decode step: 5 ms, 0.25 ms a stream, 0.8 ms the second stream brings

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from vllm_spark_plugin.guard import MIN_PREFILL_CHUNK, Deferred, Guard, LoopPolicy, prefill_budget
-from vllm_spark_plugin.guard.loop import COLD, ROUND_STEPS, TRACK
+from vllm_spark_plugin.guard.loop import COLD, ROUND_STEPS, RULES, TRACK
 from vllm_spark_plugin.guard.policy import MAX_TAIL, capacity_at_rate, tail_factor
 from vllm_spark_plugin.knee.online import OnlineKneeEstimator
 from vllm_spark_plugin.knee.slo_capacity import ttft_capacity
@@ -148,6 +148,7 @@ def test_moves_are_bounded_down_by_half_and_up_by_double_after_two_refits():
         held = held + 1 if p.cap == before else 0
         moves += p.cap < before
     assert p.cap <= 16 and moves >= 2
+    assert p.rules.get("down-now", 0) >= 2 and set(p.rules) <= set(RULES)
     p2, rng = LoopPolicy(12.0, 64, prior=(0.06, BETA)), random.Random(3)
     while p2.state != TRACK:               # the host is slow: the slow start ends at its x ...
         feed(p2, p2.cap, ROUND_STEPS, rng, alpha=0.06)
@@ -159,6 +160,7 @@ def test_moves_are_bounded_down_by_half_and_up_by_double_after_two_refits():
         if now == 10.0:
             assert p2.cap == low
     assert low < p2.cap <= 2 * low
+    assert p2.rules.get("up-confirmed") == 1
 
 
 def test_the_prefill_each_stream_brings_is_priced_into_the_slope():
@@ -285,6 +287,26 @@ def test_the_guard_engages_from_a_cold_start_and_feeds_its_policy():
     steps(knee, g, clock, batches=(1,))
     assert g.decide(running=1, waiting=50, decode_tokens=1).limit >= 2
     assert Guard("prefill", FLOOR, 128, 2048, knee, 10.0, clock=clock).policy is None
+
+
+def test_each_move_of_the_cap_is_one_log_line_that_names_its_rule(caplog):
+    """The slow start's rounds move the cap between refits; the refit logs each of those moves and its
+    own, one line each, `SLO guard cap before -> after [rule] (what the rule read)`."""
+    clock = Clock()
+    knee = OnlineKneeEstimator(refit_seconds=0, floors=(FLOOR,), clock=clock)
+    g = Guard("admission", FLOOR, 128, 2048, knee, refit_seconds=10.0, clock=clock)
+    with caplog.at_level("INFO", logger="vllm_spark_plugin"):
+        for _ in range(3):   # three rounds at the cap, between two refits
+            g.decide(running=g.policy.cap, waiting=50, decode_tokens=1)
+            for _ in range(ROUND_STEPS):
+                g.observe(g.policy.cap, 0, ALPHA + BETA * g.policy.cap)
+        clock.t += 10.0
+        g.decide(running=g.policy.cap, waiting=50, decode_tokens=1)
+    lines = [r.getMessage() for r in caplog.records if "SLO guard cap" in r.getMessage()]
+    assert len(lines) == g.policy.moves == 3, lines
+    for line in lines:
+        rule = line.split("[", 1)[1].split("]", 1)[0]
+        assert rule in RULES and line.startswith("vllm-spark-plugin: SLO guard cap ")
 
 
 def test_guard_refits_at_most_once_per_period():

@@ -44,6 +44,7 @@ Pure Python, no vLLM, no clock of its own: the caller passes `now`.
 from __future__ import annotations
 
 import math
+import re
 from collections import deque
 
 COLD, TRACK = "cold", "track"
@@ -74,6 +75,33 @@ OUTCOMES_SECONDS = 15.0   # ... read over this period and those that ended this 
 BELOW_CAP = 1.0           # streams: a period whose mean batch is this far below the cap ran under a cap
                           # that binds only at times (arrivals in bursts): its requests' rates price it
 RATIO_RANGE = (0.5, 3.0)  # a delivery/engine ratio outside this is a broken feedback, clamped
+
+# The rules that move the cap, each move's key in the log and in `LoopPolicy.rules` (docs/guard.md, "The loop")
+RULES = {
+    "cold-double": "slow start: the round's mean step left room and no slope is known yet, so the cap doubles",
+    "cold-halve": "slow start: the round's mean step left no room and no slope is known yet, so back by half",
+    "cold-toward-x": "slow start: a slope is known and the cap is short of x, so toward x (at most doubling)",
+    "cold-climb": "slow start: at or past x but the round left room and no slope spans MIN_SPAN streams: one more",
+    "cold-back-to-room": "slow start: the climb's round left no room, so back to the last cap that had room",
+    "cold-back": "slow start: at or past x and no room, so back (by at most half) and track",
+    "cold-raise": "slow start: the load did not reach the cap this period, so the refit raises it toward x",
+    "down-now": "x fell half a stream or more below the cap: down at once (by at most half)",
+    "down-confirmed": "x below the cap (by less than half a stream) at two refits in a row: down",
+    "down-ttft": "the TTFT capacity is below the cap: down to it",
+    "up-confirmed": "two refits in a row put x above the cap: up to the lower of them (at most doubling)",
+    "up-outcomes": "as up-confirmed, x read from the requests' own rates under a cap the batch reached only at times",
+}
+
+MOVE_LINE = re.compile(r"(\d+|none) -> (\d+) \[([a-z-]*)\]")  # a move as `refit` reports it (and the log shows it)
+
+
+def parse_move(line: str) -> tuple[int | None, int, str] | None:
+    """(cap before, cap after, rule) of the first move `LoopPolicy.refit` reported in `line` (a log line
+    holding one), or None."""
+    m = MOVE_LINE.search(line)
+    if m is None:
+        return None
+    return (None if m.group(1) == "none" else int(m.group(1))), int(m.group(2)), m.group(3)
 
 
 def upper_quantile(values, q: float) -> float:
@@ -242,6 +270,8 @@ class LoopPolicy:
         self._outcomes: list = []     # (seconds per token, cap at its finish) of the requests finished this period
         self._past: deque = deque()   # (refit time, that period's outcomes) of the periods before
         self.moves = 0
+        self.rules: dict[str, int] = {}  # moves per rule (RULES)
+        self._moved: list[str] = []      # moves not yet reported (the refit reports them)
         self.x: float | None = None  # streams at the floor, from the last refit
         self._period = [0, 0.0, 0.0]  # steps, sum of seconds, sum of batch since the last refit
         self._bound = False           # the cap held requests back since the last refit
@@ -362,16 +392,17 @@ class LoopPolicy:
         if self.beta is None:  # one level so far: the mean step alone says whether to double
             if mean_step + self.spread_in_use > self.target:
                 if self.cap > 1:
-                    self._enter_track(max(1, self.cap // 2))
+                    self._enter_track(max(1, self.cap // 2), "cold-halve", self._round_says(mean_step))
                 # at 1 there is nowhere lower, and tracking without a slope would hold 1 for good:
                 # another round at 1 (a round is 40 steps, and its share of slow steps is luck)
             else:
-                self._set(min(self.max_num_seqs, 2 * self.cap))
+                self._set(min(self.max_num_seqs, 2 * self.cap), "cold-double", self._round_says(mean_step))
             return
         self._blend(mean_step - self.beta * self.cap, self.round_steps)
         self._anchor = self.alpha
         self._measured = True
         x = self._bounded(self._streams())
+        says = self._round_says(mean_step)
         if x <= self.cap and mean_step + self.spread_in_use <= self.target:
             # at or past x, but the round's own steps leave room at this cap (a slow start's x prices
             # the first wave's prefills as every stream's, 1.6 ms a stream where 0.3 is steady).  While
@@ -381,16 +412,16 @@ class LoopPolicy:
             # more stream costs.  Then hold and track from here; the refits correct x within a period.
             if self.cap < self.max_num_seqs and self.levels.slope() is None:
                 self._room_cap = self.cap
-                self._set(self.cap + 1)
+                self._set(self.cap + 1, "cold-climb", says)
             else:
                 self._enter_track(self.cap)
         elif x <= self.cap and self._room_cap is not None and self._room_cap < self.cap:
-            self._enter_track(self._room_cap)  # a climb's round without room: back to the last with room
+            self._enter_track(self._room_cap, "cold-back-to-room", says)  # back to the last cap with room
         elif x <= self.cap:  # at or past x, and no room at the cap: back, by at most half
-            self._enter_track(max(self.cap - max(1, self.cap // 2), x))
+            self._enter_track(max(self.cap - max(1, self.cap // 2), x), "cold-back", says)
         else:  # short of x: toward it, a stream at least, at most double
             self._room_cap = None
-            self._set(max(self.cap + 1, min(self.max_num_seqs, 2 * self.cap, x)))
+            self._set(max(self.cap + 1, min(self.max_num_seqs, 2 * self.cap, x)), "cold-toward-x", says)
 
     def _measured_streams(self, now: float, mean_batch: float) -> float | None:
         """Streams at the floor read from the requests that finished under the cap in force (this period and
@@ -423,19 +454,44 @@ class LoopPolicy:
             self.alpha = self.alpha + w * (anchored - self.alpha)
         self._anchor_steps += steps
 
-    def _enter_track(self, cap: int) -> None:
+    def _enter_track(self, cap: int, rule: str = "", says: str = "") -> None:
         self.state = TRACK
-        self._set(cap)
+        self._set(cap, rule, says)
 
-    def _set(self, cap: int) -> None:
+    def _set(self, cap: int, rule: str = "", says: str = "") -> None:
+        self._move(cap, rule, says)
+        self._up_seen = self._down_seen = 0
+
+    def _move(self, cap: int, rule: str, says: str) -> None:
+        """The one place the cap changes after the start: counted, and kept for the next refit's report
+        as `before -> cap [rule] (what the rule read)`."""
         if cap != self.cap:
             self.moves += 1
+            self.rules[rule] = self.rules.get(rule, 0) + 1
+            self._moved.append(f"{self.cap or 'none'} -> {cap} [{rule}] ({says})")
         self.cap = cap
-        self._up_seen = self._down_seen = 0
+
+    def _round_says(self, mean_step: float) -> str:
+        return (f"round at {self.cap}: mean step {mean_step * 1e3:.1f} + spread {self.spread_in_use * 1e3:.1f} ms "
+                f"against the target {self.target * 1e3:.1f} ms a token; slope "
+                + ("unknown" if self.beta is None else f"{self.beta * 1e3:.2f} ms a stream"))
+
+    def _model_says(self, x: float | None, ttft_streams: int | None) -> str:
+        x_s = "none" if x is None else f"{x:.1f}"
+        return (f"streams at the floor {x_s}: target {self.target * 1e3:.1f} ms a token, mean step "
+                f"{self.alpha * 1e3:.1f} + {self.beta * 1e3:.2f} + {self.prefill_per_stream * 1e3:.2f} (prefill) ms a "
+                f"stream, spread {self.spread_in_use * 1e3:.1f} ms, delivery/engine {self.ratio:.2f}; TTFT capacity "
+                f"{ttft_streams}")
 
     def refit(self, now: float, ttft_streams: int | None = None) -> str | None:
         """One refit: re-anchor the model on the period's steps, read the finished requests' spread,
-        move the cap; returns the reasons when the cap moved."""
+        move the cap; returns every move since the last refit (the slow start's rounds' too), one line
+        each with its rule and what it read, or None when the cap did not move."""
+        self._refit(now, ttft_streams)
+        moved, self._moved = self._moved, []
+        return "\n".join(moved) if moved else None
+
+    def _refit(self, now: float, ttft_streams: int | None) -> None:
         if self._last_refit is not None:
             self.levels.decay(0.5 ** ((now - self._last_refit) / LEVEL_HALFLIFE))
             keep = 0.5 ** ((now - self._last_refit) / PREFILL_HALFLIFE)
@@ -444,7 +500,7 @@ class LoopPolicy:
         self._last_refit = now
         n, sum_t, sum_b = self._period
         if n < 2 * MIN_FINISHED:
-            return None  # too few steps since the last refit: keep the period open
+            return  # too few steps since the last refit: keep the period open
         self._period = [0, 0.0, 0.0]
         self.levels.follow_speed()  # the host slowed or sped up: the levels it no longer visits follow it
         bound, self._bound = self._bound, False
@@ -456,7 +512,7 @@ class LoopPolicy:
             self.beta = beta if self.beta is None else \
                 self.beta + SMOOTH * (min(2 * self.beta, max(self.beta / 2, beta)) - self.beta)
         if self.beta is None:
-            return None  # cold, one level: the slow start goes on
+            return  # cold, one level: the slow start goes on
         anchored = mean_t - self.beta * (sum_b / n)
         self._blend(anchored, n)
         self._anchor = anchored
@@ -480,10 +536,12 @@ class LoopPolicy:
             self._spread_known = True
             self.state = TRACK  # outcomes measured: the slow start is over
         self.x = x = self._streams()
+        from_outcomes = False
         if self.state == TRACK and self.cap is not None and x is not None:
             measured = self._measured_streams(now, sum_b / n)
             if measured is not None and measured > x:
                 self.x = x = measured
+                from_outcomes = True
         self._past.append((now, self._outcomes))
         self._outcomes = []
         while self._past and now - self._past[0][0] >= OUTCOMES_SECONDS:
@@ -493,10 +551,17 @@ class LoopPolicy:
         if ttft_streams is not None:
             target = max(1, min(target, int(ttft_streams)))
         cap = before if before is not None else target
+        rule = ""
         if target < cap:
             self._up_seen = 0
             self._down_seen += 1
-            if x < cap - DOWN_NOW or self._down_seen >= CONFIRM_UP or (ttft_streams is not None and target == ttft_streams):
+            if x < cap - DOWN_NOW:
+                rule = "down-now"
+            elif ttft_streams is not None and target == ttft_streams:
+                rule = "down-ttft"
+            elif self._down_seen >= CONFIRM_UP:
+                rule = "down-confirmed"
+            if rule:
                 cap = max(target, cap - max(1, cap // 2))
                 self._down_seen = 0
         elif target > cap and self.state == COLD and not bound:
@@ -504,6 +569,7 @@ class LoopPolicy:
             # so the refit, on the model the period's steps re-anchored, raises it (by at most doubling)
             # before a burst meets a cap of half the prior's streams
             cap = min(target, 2 * cap)
+            rule = "cold-raise"
         elif target > cap and self.state == TRACK:  # cold, the cap reached: the slow start raises it
             self._down_seen = 0
             self._up_seen += 1
@@ -511,13 +577,8 @@ class LoopPolicy:
             if self._up_seen >= CONFIRM_UP:  # never on one refit: who gets in cannot be taken back
                 cap = min(self._up_to, 2 * cap)  # two refits agree: as far as the slow start would go
                 self._up_seen = 0
+                rule = "up-outcomes" if from_outcomes else "up-confirmed"
         else:
             self._up_seen = self._down_seen = 0
-        if cap == before:
-            return None
-        self.moves += 1
-        self.cap = cap
-        return (f"{before or 'none'} -> {cap} (streams at the floor {x:.1f}: target {self.target * 1e3:.1f} ms a "
-                f"token, mean step {self.alpha * 1e3:.1f} + {self.beta * 1e3:.2f} + {self.prefill_per_stream * 1e3:.2f} "
-                f"(prefill) ms a stream, spread "
-                f"{self.spread_in_use * 1e3:.1f} ms, delivery/engine {self.ratio:.2f}; TTFT capacity {ttft_streams})")
+        if cap != before:
+            self._move(cap, rule, self._model_says(x, ttft_streams))

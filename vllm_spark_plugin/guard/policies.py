@@ -8,7 +8,8 @@ The interface (what `Guard` calls, on the engine core's step path; `now` is the 
 * `observe_finished(seconds_per_token, mean_batch)`: each finished request's decode time per token on
   the engine clock (`definitions.stream_decode_rate`, inverted) and the mean batch of its steps;
 * `observe_feedback(ratio)`: the delivery clock's seconds per token over the engine's (API server);
-* `refit(now, ttft_streams) -> str | None`: once per refit period; the reasons when the cap moved;
+* `refit(now, ttft_streams) -> str | None`: once per refit period; the moves since the last one, one
+  line each (`before -> cap [rule] (what it read)`), or None;
 * `limit(running, waiting) -> int | None`: this step's limit (None: vLLM's own), never below `running`;
 * `cap`, `state`, `moves`: the cap in force, the loop's state and how often the cap moved.
 """

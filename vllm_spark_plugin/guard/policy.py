@@ -236,8 +236,8 @@ class Guard:
         if self.policy is not None:
             self.ttft = self.knee.ttft_capacity()
             moved = self.policy.refit(now, self.ttft_streams())
-            if moved:
-                log.info("vllm-spark-plugin: SLO guard cap %s", moved)
+            for line in (moved or "").splitlines():  # one line a move, each naming its rule
+                log.info("vllm-spark-plugin: SLO guard cap %s", line)
 
     def decide(self, running: int, waiting: int, decode_tokens: int) -> StepDecision:
         """This step's limits: `running` requests run now, `waiting` wait, `decode_tokens` is what the
