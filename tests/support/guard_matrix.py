@@ -22,6 +22,9 @@ LONE = ENGINE.lone_rate()
 # is three times too steep.  Cheap prefill, a hand-off that shares the core.
 CPU = Engine(alpha=0.005, beta=0.00025, bend=0.0008, bend_streams=0.7, gamma=2e-5, sigma=0.05, tail_every=50,
              tail_factor=2.0, api_fixed=0.0002, api_per_stream=0.00005, api_stall_every=400, api_stall=0.05)
+# GPU-like steps: flat while decode is bound by reading the weights (0.3 ms a stream), 1.8 ms a stream past
+# 12 streams once compute binds.  A line read from the first levels is six times too flat.
+GPU = Engine(beta=0.0003, knee_streams=12, knee_beta=0.0015)
 TTFT_SLO = 2.0
 REFIT_SECONDS = 10.0              # the guard's refit period (the plugin's default)
 ATTAIN = 0.9                      # share of requests at the SLO the gates and the open-loop capacity use
@@ -90,6 +93,8 @@ SCENARIOS = (
              _closed(3, 0.75, CPU, prompt=32), warm=False, engine=CPU),
     Scenario("cpu-warm-75-3x", "CPU steps, a sweep's line as the prior, floor 75%, closed loop 3x", 0.75,
              _closed(3, 0.75, CPU, prompt=32), engine=CPU),
+    Scenario("gpu-cold-40-3x", "GPU-like steps (steeper past a knee at 12 streams), cold start, floor 40%, "
+             "closed loop 3x", 0.4, _closed(3, 0.4, GPU), warm=False, engine=GPU),
 )
 
 

@@ -11,7 +11,8 @@ What it models, and only that:
   `gamma * (1 + context/ctx_scale)`), times seeded log-normal noise, and one step in `tail_every`
   `tail_factor` times longer (the heavy tail of a shared host); optionally a bend at small batches,
   `bend * (1 - exp(-(b - 1)/bend_streams))`, as the CPU build's steps have (1 to 2 streams cost 0.8 ms,
-  later ones 0.2: a line read from the first levels is three times too steep); optionally a slow
+  later ones 0.2: a line read from the first levels is three times too steep), or a knee past which
+  each stream costs more (a GPU's steps: a line read from the first levels is too flat); optionally a slow
   drift of the whole step (AR(1) on a log scale), the speed of a shared host wandering between refits;
 * the API server: each step's outputs are handed to the requests' handlers in order, taking
   `api_fixed + api_per_stream*b` (and now and then a stall); a token's delivery time is that hand-off
@@ -56,6 +57,8 @@ class Engine:
     max_tokens: int = 2048          # vLLM's token budget per step
     bend: float = 0.0               # seconds the small batches' bend adds once saturated ...
     bend_streams: float = 2.0       # ... reached within about this many streams past the first
+    knee_streams: int = 0           # past this many streams each one adds knee_beta more (a GPU's steps: flat
+    knee_beta: float = 0.0          # while decode is bound by weight reads, steeper once compute binds)
     drift_sigma: float = 0.0        # a slow drift of the whole step (log scale, stationary std) ...
     drift_tau: float = 20.0         # ... correlated over about this many seconds (AR(1)): a shared host
                                     # whose speed wanders between refits, as the CPU test bed's does
@@ -70,7 +73,8 @@ class Engine:
     def decode_step(self, b: int) -> float:
         """A decode step at batch b, before noise."""
         bent = self.bend * (1.0 - math.exp(-(b - 1) / self.bend_streams)) if self.bend else 0.0
-        return self.alpha + self.beta * b + bent
+        knee = self.knee_beta * max(0, b - self.knee_streams) if self.knee_beta else 0.0
+        return self.alpha + self.beta * b + bent + knee
 
     def lone_rate(self) -> float:
         """A lone stream's mean decode rate, tok/s."""
