@@ -3,7 +3,9 @@
 the folder each one wrote and fits it.
 
 Checked: the points read are the tool's own concurrency levels, each with the tool's own request
-count, and the fit runs.  The tools' timings are not judged: on 2 shared cores a client reads streams
+count and a per-stream rate wherever the tool's file has one, and the fit runs.  AIPerf read every
+stream of a level in one burst once (its intervals all 0, its per-user throughput null, at
+concurrency 2 of a clean-clone run): the reader then has no rate for that level, as the file has none.  The tools' timings are not judged: on 2 shared cores a client reads streams
 in bursts (FIELD_NOTES §8), and the tools' clients are pinned to a core of their own where there is
 one, not the server.
 """
@@ -62,17 +64,33 @@ def knee_json(folder: Path, capsys) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
-def assert_read_and_fitted(folder: Path, model: str, capsys, requests: list[int] | None = None) -> None:
-    """`requests`: the finished requests per level as the tool's own file records them (default: all)."""
+def assert_read_and_fitted(folder: Path, model: str, capsys, requests: list[int] | None = None,
+                           rated: list[bool] | None = None) -> None:
+    """`requests`: the finished requests per level as the tool's own file records them (default: all);
+    `rated`: per level, whether the file holds a per-stream rate (default: every level)."""
     [(label, points)] = load_points(folder).items()
     assert label == model
     assert [p.concurrency for p in points] == list(LEVELS)
     assert [p.extra["requests"] for p in points] == (requests or [REQUESTS] * len(LEVELS))
-    assert all(p.per_stream_tokens_per_second and p.aggregate_tokens_per_second and p.ttft_p50_seconds
-               for p in points)
+    rated = rated or [True] * len(LEVELS)
+    assert [bool(p.per_stream_tokens_per_second) for p in points] == rated
+    assert all(p.aggregate_tokens_per_second and p.ttft_p50_seconds for p in points)
     fit = knee_json(folder, capsys)
-    assert fit["label"] == model and fit["n"] == 2 * len(LEVELS)
+    assert fit["label"] == model and fit["n"] == len(LEVELS) + sum(rated)  # each rate and each aggregate
     assert fit["verdict"] and "20" in fit["capacity"]
+
+
+def aiperf_rated(folder: Path) -> list[bool]:
+    """Per level, whether AIPerf's own sweep file has a per-stream rate: a per-user throughput, or a
+    median inter-token latency above 0.  A client that read every stream of a level in one burst (2
+    shared cores) records neither: its intervals are all 0 and its per-user throughput null."""
+    combos = json.loads((folder / "sweep_aggregate" / "profile_export_aiperf_sweep.json").read_text())
+    out = []
+    for c in combos["per_combination_metrics"]:
+        m = c.get("metrics", c)
+        itl = (m.get("inter_token_latency") or {}).get("p50")
+        out.append(isinstance(m.get("output_token_throughput_per_user"), dict) or bool(itl))
+    return out
 
 
 def test_aiperf_sweep_is_read_and_fitted(tools, vllm_server, tiny_model_path, tmp_path, capsys):
@@ -88,7 +106,9 @@ def test_aiperf_sweep_is_read_and_fitted(tools, vllm_server, tiny_model_path, tm
               "--output-artifact-dir", str(out), "--ui", "none", "--no-server-metrics", "--no-gpu-telemetry",
               "--random-seed", "1"], tmp_path, env)
     assert (out / "sweep_aggregate" / "profile_export_aiperf_sweep.json").is_file()
-    assert_read_and_fitted(out, vllm_server.model, capsys)
+    rated = aiperf_rated(out)
+    assert sum(rated) >= 2, f"AIPerf's file has a per-stream rate at {sum(rated)} of {len(LEVELS)} levels: no fit"
+    assert_read_and_fitted(out, vllm_server.model, capsys, rated=rated)
 
 
 def test_guidellm_sweep_is_read_and_fitted(tools, vllm_server, tiny_model_path, tmp_path, capsys):

@@ -280,6 +280,24 @@ def test_aiperf_sweep_aggregate_gives_the_same_points():
                                p.ttft_p50_seconds) for p in runs]
 
 
+def test_an_aiperf_level_read_in_one_burst_has_no_per_stream_rate_and_keeps_the_rest(tmp_path):
+    """A client starved on 2 shared cores read every stream of a level in one burst (a clean-clone run:
+    concurrency 2, inter-token latencies all 0, per-user throughput null): that level has no rate, as
+    the file has none, and keeps its aggregate and TTFT."""
+    sweep = json.loads((AIPERF_DIR / "sweep_aggregate" / "profile_export_aiperf_sweep.json").read_text())
+    combo = sweep["per_combination_metrics"][1]
+    m = combo.get("metrics", combo)
+    m["output_token_throughput_per_user"] = None
+    m["inter_token_latency"] = {k: (0.0 if isinstance(v, float) else v) for k, v in m["inter_token_latency"].items()}
+    path = tmp_path / "profile_export_aiperf_sweep.json"
+    path.write_text(json.dumps(sweep))
+    [(_, pts)] = load_points(path).items()
+    [(_, whole)] = load_points(AIPERF_DIR).items()
+    assert [p.per_stream_tokens_per_second is None for p in pts] == [i == 1 for i in range(len(pts))]
+    assert [(p.aggregate_tokens_per_second, p.ttft_p50_seconds) for p in pts] == \
+        [(p.aggregate_tokens_per_second, p.ttft_p50_seconds) for p in whole]
+
+
 def test_guidellm_benchmarks_json_by_the_seed_definitions():
     """Per-stream rate and aggregate from each request's first and last token, the way bench measures."""
     from vllm_spark_plugin.definitions import StreamTiming, aggregate_throughput
