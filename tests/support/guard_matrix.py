@@ -28,6 +28,7 @@ GPU = Engine(beta=0.0003, knee_streams=12, knee_beta=0.0015)
 TTFT_SLO = 2.0
 REFIT_SECONDS = 10.0              # the guard's refit period (the plugin's default)
 ATTAIN = 0.9                      # share of requests at the SLO the gates and the open-loop capacity use
+QUIET_SECONDS = 180.0             # the quiet spell before the burst (`*-quiet-burst`); judged on the 100 s after it
 OPEN_RATES = tuple(round(0.5 + 0.1 * i, 1) for i in range(16))   # x the nominal request rate at the floor
 
 
@@ -64,9 +65,17 @@ def _closed(mult: float, share: float, engine: Engine = ENGINE, **kw) -> Load:
     return Load(clients=max(2, round(mult * engine.streams_at(share * engine.lone_rate()))), **kw)
 
 
-def _request_rate(share: float, output: int = 128) -> float:
+def _request_rate(share: float, output: int = 128, engine: Engine = ENGINE) -> float:
     """Requests per second the nominal capacity at the floor serves: streams * floor / output tokens."""
-    return ENGINE.streams_at(share * LONE) * share * LONE / output
+    lone = engine.lone_rate()
+    return engine.streams_at(share * lone) * share * lone / output
+
+
+def _quiet_then_burst(share: float, engine: Engine, prompt: int) -> Load:
+    """Poisson at 0.2x the nominal request rate for 180 s, then 10x on top for 10 s: the cap has had three
+    minutes of small batches to creep on when the burst meets it."""
+    rate = _request_rate(share, engine=engine)
+    return Load(closed=False, rate=0.2 * rate, duration=240.0, burst=(QUIET_SECONDS, 10.0, 10 * rate), prompt=prompt)
 
 
 SCENARIOS = (
@@ -95,6 +104,12 @@ SCENARIOS = (
              _closed(3, 0.75, CPU, prompt=32), engine=CPU),
     Scenario("gpu-cold-40-3x", "GPU-like steps (steeper past a knee at 12 streams), cold start, floor 40%, "
              "closed loop 3x", 0.4, _closed(3, 0.4, GPU), warm=False, engine=GPU),
+    Scenario("cpu-quiet-burst", "CPU steps, cold start, floor 55%, Poisson at 0.2x for 3 min, then a burst of 10x "
+             "for 10 s (judged from the burst)", 0.55, _quiet_then_burst(0.55, CPU, 32), warm=False, engine=CPU,
+             window=(QUIET_SECONDS, QUIET_SECONDS + 100.0)),
+    Scenario("gpu-quiet-burst", "GPU-like steps, cold start, floor 40%, Poisson at 0.2x for 3 min, then a burst of "
+             "10x for 10 s (judged from the burst)", 0.4, _quiet_then_burst(0.4, GPU, 256), warm=False, engine=GPU,
+             window=(QUIET_SECONDS, QUIET_SECONDS + 100.0)),
 )
 
 

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from vllm_spark_plugin.guard import LoopPolicy
-from vllm_spark_plugin.guard.loop import COLD, ROUND_STEPS, RULES, TRACK, parse_move, upper_quantile
+from vllm_spark_plugin.guard.loop import COLD, REACH, ROUND_STEPS, RULES, TRACK, parse_move, upper_quantile
 
 from support.guard_matrix import CPU
 
@@ -207,42 +207,54 @@ def test_a_level_read_high_by_one_round_does_not_move_the_others():
 
 def test_a_slow_start_the_load_does_not_reach_climbs_at_the_refit_and_one_it_reaches_does_not():
     """Floor 20 tok/s on the prior (22 ms + 1.2 ms a stream): x is 21 streams and the slow start begins at
-    10.  Arrivals that keep the batch at 3 never make a round at the cap, so the refit raises it, by at
-    most doubling; where requests waited at the cap this period, the rounds do that."""
-    def period(bound):
+    10.  Arrivals that keep the batch just under the cap (9) never make a round at it, so the refit raises
+    it, by at most two streams past the batch measured (REACH); where requests waited at the cap this
+    period, the rounds do that; and a batch that stays at 3 leaves the cap where it is (x there is the
+    prior's line, extrapolated)."""
+    def period(bound, batch=9):
         p, rng = LoopPolicy(20.0, 64, prior=(ALPHA, BETA)), random.Random(11)
         assert p.cap == 10 and p.state == COLD
         if bound:
             p.limit(10, 2)
-        feed(p, 3, 40, rng)
-        p.refit(10.0)
-        return p
-    idle = period(bound=False)
-    assert idle.state == COLD and idle.x > 20 and idle.cap == 20
-    assert period(bound=True).cap == 10
+        feed(p, batch, 40, rng)
+        moved = p.refit(10.0)
+        return p, moved
+    idle, moved = period(bound=False)
+    assert idle.state == COLD and idle.x > 20 and idle.cap == 9 + REACH
+    assert moved.startswith("10 -> 11 [cold-raise]") and moved.endswith("; highest batch measured 9)")
+    assert period(bound=True)[0].cap == 10
+    quiet, moved = period(bound=False, batch=3)
+    assert quiet.x > 20 and quiet.cap == 10 and moved is None
 
 
-def _bursty(step_batch, rng, p):
-    """One period: 40 decode steps at `step_batch`, and 20 requests finished at a mean batch of 6, each
-    8-10 ms a token above the model there (37-39 ms a token against a target of 41.7)."""
+def _bursty(step_batch, rng, p, at_cap=0):
+    """One period: 40 decode steps at `step_batch` (and `at_cap` more at the cap), and 20 requests finished
+    at a mean batch of 6, each 8-10 ms a token above the model there (37-39 ms a token against a target
+    of 41.7)."""
     feed(p, step_batch, 40, rng)
+    feed(p, p.cap, at_cap, rng)
     for _ in range(20):
         p.observe_finished(ALPHA + BETA * 6 + 0.010 * rng.uniform(0.8, 1.0), 6.0)
 
 
 def test_requests_that_met_the_floor_with_room_under_a_cap_the_batch_seldom_reaches_raise_it():
     """The model's x is the batch at which 90% of requests meet the floor: 8 here (a spread of 10 ms).
-    Under arrivals in bursts the batch sat at 6 with the cap at 10 and every request met the floor with
-    more than a stream's step to spare, so the cap rises to 11 (two refits agreeing) instead of falling
-    to 8; where the period's batch sits at the cap the model's x moves it, down at once."""
-    def tracking(step_batch):
+    Under arrivals in bursts the batch sat at 6 and reached the cap of 10 at times, and every request met
+    the floor with more than a stream's step to spare, so the cap rises to 11 (two refits agreeing)
+    instead of falling to 8; where the period's batch sits at the cap the model's x moves it, down at
+    once; and where the batch never came near the cap (a quiet load), the requests' rates say nothing of
+    the cap and it stays (the creep of a cap under a light load, which the next burst met)."""
+    def tracking(step_batch, at_cap):
         p, rng = LoopPolicy(24.0, 64, prior=(ALPHA, BETA)), random.Random(12)
         p.state, p.cap, p.spread, p._spread_known, p._measured, p._anchor = TRACK, 10, 0.010, True, True, ALPHA
         for now in (10.0, 20.0):
-            _bursty(step_batch, rng, p)
+            _bursty(step_batch, rng, p, at_cap)
             p.refit(now)
         return p
-    bursts = tracking(6)
+    bursts = tracking(6, at_cap=10)
     assert bursts._streams() < 9 and bursts.x == 11.0 and bursts.cap == 11
-    at_cap = tracking(10)
+    assert bursts.rules == {"up-outcomes": 1}
+    at_cap = tracking(10, at_cap=0)
     assert at_cap.x < 9 and at_cap.cap == 8
+    quiet = tracking(6, at_cap=0)
+    assert quiet.x == 11.0 and quiet.cap == 10 and quiet.levels.highest() == 6

@@ -38,7 +38,10 @@ and no slope spans MIN_SPAN streams (a period in which no request waited at the 
 raises it at the refit instead, to x by at most doubling); `track` moves the cap toward x at each
 refit, down at once when x is half a stream or more below it (by at most half the cap), up only after
 two refits agree (to the lower of them, by at most doubling the cap), and not at all while x is
-within [cap, cap + 1).
+within [cap, cap + 1).  In either state a refit raises the cap at most REACH streams past the highest
+batch the levels have measured: x past that is the line extrapolated, and a quiet load reads the line
+at small batches (flat on a GPU until compute binds), so a cap that crept there met the next burst by
+admitting every waiting request at once.
 Pure Python, no vLLM, no clock of its own: the caller passes `now`.
 """
 from __future__ import annotations
@@ -74,6 +77,8 @@ OUTCOMES_MIN = 12         # requests finished under the cap in force before thei
 OUTCOMES_SECONDS = 15.0   # ... read over this period and those that ended this recently
 BELOW_CAP = 1.0           # streams: a period whose mean batch is this far below the cap ran under a cap
                           # that binds only at times (arrivals in bursts): its requests' rates price it
+REACH = 2                 # streams: the cap rises at most this far past the highest batch measured (as
+                          # TCP's congestion avoidance: a stream or two past what the steps have shown)
 RATIO_RANGE = (0.5, 3.0)  # a delivery/engine ratio outside this is a broken feedback, clamped
 
 # The rules that move the cap, each move's key in the log and in `LoopPolicy.rules` (docs/guard.md, "The loop")
@@ -206,6 +211,10 @@ class StepLevels:
                 del self.n[b], self.s[b]
                 if b in self.marked:  # its seconds go with it; its mean at the mark still reads the speed
                     self.marked[b][0] = 0.0
+
+    def highest(self) -> int | None:
+        """The highest batch with MIN_LEVEL_STEPS decode steps still counted (levels decay), or None."""
+        return max((b for b, n in self.n.items() if n >= MIN_LEVEL_STEPS), default=None)
 
     def mean(self, batch: int) -> float | None:
         n = self.n.get(batch, 0.0)
@@ -551,6 +560,14 @@ class LoopPolicy:
         if ttft_streams is not None:
             target = max(1, min(target, int(ttft_streams)))
         cap = before if before is not None else target
+        says = self._model_says(x, ttft_streams)
+        highest = self.levels.highest()
+        if target > cap and highest is not None and target > highest + REACH:
+            # x past the batches measured is the line extrapolated: a quiet load reads it at small
+            # batches, where GPU steps are flat and the spread is small, and the cap crept there met the
+            # next burst with every waiting request admitted at once
+            target = max(cap, highest + REACH)
+            says += f"; highest batch measured {highest}"
         rule = ""
         if target < cap:
             self._up_seen = 0
@@ -581,4 +598,4 @@ class LoopPolicy:
         else:
             self._up_seen = self._down_seen = 0
         if cap != before:
-            self._move(cap, rule, self._model_says(x, ttft_streams))
+            self._move(cap, rule, says)
