@@ -51,7 +51,7 @@ import urllib.request
 from pathlib import Path
 
 from vllm_spark_plugin.guard.loop import parse_move
-from vllm_spark_plugin.testbed.server import VllmServer, prioritize_client
+from vllm_spark_plugin.testbed.server import VllmServer, plugin_origin, prioritize_client
 from vllm_spark_plugin.testbed.tiny_model import SERVED_NAME, ensure_tiny_model
 
 
@@ -205,8 +205,9 @@ def pin_server(server: VllmServer, core: int) -> int:
     return pinned
 
 
-def start(model: str, log: Path, env: dict, extra: list[str] | None = None, pinned: bool = True) -> VllmServer:
-    server = VllmServer(model_path=model, env=env, extra_args=extra or [], log_path=log)
+def start(model: str, log: Path, env: dict, extra: list[str] | None = None, pinned: bool = True,
+          cwd: Path | None = None) -> VllmServer:
+    server = VllmServer(model_path=model, env=env, extra_args=extra or [], log_path=log, cwd=cwd)
     if pinned:  # the server inherits core 0 (vLLM binds its compute threads within what it is allowed)
         os.sched_setaffinity(0, {SERVER_CORE})
     try:
@@ -423,15 +424,17 @@ def run_server(mode: str, label: str, floor: float, cap: int, loads: list[str], 
            "SPARK_PLUGIN_TTFT_SLO_SECONDS": f"{args.ttft_slo:g}", "SPARK_PLUGIN_KNEE_REFIT_SECONDS": "2"}
     if mode == "prior":
         env["SPARK_PLUGIN_PROFILE"] = str(profile)
+    cwd = None
     if mode == "guard-b":  # the other version's package first on the path, in the API server and the engine core
         env["PYTHONPATH"] = os.pathsep.join(x for x in (str(args.guard_b), os.environ.get("PYTHONPATH")) if x)
+        cwd = args.guard_b  # started from this checkout, `python -m` would put its package ahead of PYTHONPATH
     static_cap = (static_cap or cap) if mode in STATIC else None
     extra = ["--max-num-seqs", str(static_cap)] if static_cap else []
     tag = f"{label}-{mode}-{k}"
     todo = list(loads)
     server = None
     try:
-        server = start(model, work / f"{tag}.log", env, extra, pinned)
+        server = start(model, work / f"{tag}.log", env, extra, pinned, cwd)
         warm = False
         while todo:
             load = todo[0]
@@ -543,6 +546,11 @@ def main(argv=None) -> int:
         p.error("--servers guard-b and --guard-b DIR go together")
     if args.guard_b is not None and not (args.guard_b / "vllm_spark_plugin" / "__init__.py").is_file():
         p.error(f"--guard-b {args.guard_b}: no vllm_spark_plugin package there")
+    if args.guard_b is not None:
+        args.guard_b = args.guard_b.resolve()
+        got = plugin_origin(sys.executable, args.guard_b, {"PYTHONPATH": str(args.guard_b)})
+        if got != args.guard_b / "vllm_spark_plugin":
+            p.error(f"--guard-b {args.guard_b}: a server started there imports the plugin from {got}")
     args.rounds = args.rounds or (1 if args.quick else 3)
     args.floors = args.floors or (["near"] if args.quick else list(FLOOR_LABELS))
     model = str(ensure_tiny_model())

@@ -50,6 +50,14 @@ def cpu_env() -> dict[str, str]:
     }
 
 
+def plugin_origin(python: str, cwd: Path, env: dict[str, str] | None = None) -> Path:
+    """The vllm_spark_plugin package a server started in `cwd` with `env` imports: `python -m` puts the
+    working directory ahead of PYTHONPATH, so a checkout there wins over the one PYTHONPATH names."""
+    out = subprocess.run([python, "-c", "import vllm_spark_plugin, os; print(os.path.dirname(vllm_spark_plugin.__file__))"],
+                         cwd=cwd, env={**os.environ, **(env or {})}, capture_output=True, text=True, check=True)
+    return Path(out.stdout.strip()).resolve()
+
+
 def is_cpu_vllm() -> bool:
     try:
         from importlib.metadata import distribution
@@ -92,6 +100,7 @@ class VllmServer:
     log_path: Path | None = None
     max_model_len: int = 2048
     python: str = sys.executable
+    cwd: Path | None = None        # `python -m` puts this first on the path: a checkout here shadows PYTHONPATH
 
     proc: subprocess.Popen | None = None
 
@@ -134,7 +143,7 @@ class VllmServer:
         log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, env=env, start_new_session=True,
-                                     preexec_fn=_normal_priority)
+                                     preexec_fn=_normal_priority, cwd=self.cwd)
         log.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
