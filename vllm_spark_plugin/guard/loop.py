@@ -560,14 +560,14 @@ class LoopPolicy:
         if ttft_streams is not None:
             target = max(1, min(target, int(ttft_streams)))
         cap = before if before is not None else target
-        says = self._model_says(x, ttft_streams)
+        bounded = ""
         highest = self.levels.highest()
         if target > cap and highest is not None and target > highest + REACH:
             # x past the batches measured is the line extrapolated: a quiet load reads it at small
             # batches, where GPU steps are flat and the spread is small, and the cap crept there met the
             # next burst with every waiting request admitted at once
             target = max(cap, highest + REACH)
-            says += f"; highest batch measured {highest}"
+            bounded = f"; highest batch measured {highest}"
         rule = ""
         if target < cap:
             self._up_seen = 0
@@ -598,4 +598,4 @@ class LoopPolicy:
         else:
             self._up_seen = self._down_seen = 0
         if cap != before:
-            self._move(cap, rule, says)
+            self._move(cap, rule, self._model_says(x, ttft_streams) + bounded)
