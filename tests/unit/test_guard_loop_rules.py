@@ -38,6 +38,24 @@ def test_a_round_at_one_without_room_rounds_again_instead_of_holding_one_for_goo
     assert p.refit(20.0) is None
 
 
+def test_a_rounds_tail_steps_count_at_the_share_all_rounds_show_not_at_their_own_luck():
+    """Target 26.3 ms, spread prior 1.3: room at 1 while the mean step is under 25.0 ms.  A round of lone
+    23.2 ms steps with two slow steps (4x) in it has a plain mean of 26.7 ms, and read so the slow start
+    held 1 for another round; its mean outside the tail (23.2) times the tail's share over the rounds so
+    far, read as if 80 steps without a tail had come first (x1.07), is 24.8: room.  Steps that are all
+    slow are a slow level, not a tail: no room."""
+    tail = [0.0232] * 38 + [0.0928] * 2
+    p = LoopPolicy(38.0, 64)
+    for t in tail:
+        p.observe_step(1, 0, t)
+    assert sum(tail) / len(tail) > 0.025 and p.cap == 2 and p.rules == {"cold-double": 1}
+    assert "round at 1: mean step 24.8 + spread 1.3 ms" in p.refit(10.0)
+    slow = LoopPolicy(38.0, 64)
+    for _ in range(ROUND_STEPS):
+        slow.observe_step(1, 0, 0.026)
+    assert slow.cap == 1 and slow.moves == 0
+
+
 def test_a_round_past_x_keeps_its_cap_while_its_own_steps_leave_room():
     """The first wave's prompts (1024 tokens each) all came in the round's first step, so x prices
     25 prompt tokens a stream-step where a steady load brings a few: x reads 3 at a cap of 7."""
@@ -258,3 +276,27 @@ def test_requests_that_met_the_floor_with_room_under_a_cap_the_batch_seldom_reac
     assert at_cap.x < 9 and at_cap.cap == 8
     quiet = tracking(6, at_cap=0)
     assert quiet.x == 11.0 and quiet.cap == 10 and quiet.levels.highest() == 6
+
+
+def test_requests_that_met_the_floor_at_the_cap_hold_it_against_a_model_half_a_stream_short():
+    """Floor 37.9 tok/s (26.4 ms a token), 22 ms + 1.2 ms a stream, cap 3: with a spread of 1.6 ms the model
+    puts x at 2.7 (and at 3.0 once their cohort is read), where the requests that ran at the cap all took 25 ms a token.  At a cap of 2 or 3 a
+    stream is a third of the goodput, and the model is that far off by a spread read a few tenths of a
+    millisecond high; the gate itself, measured at the cap, holds it.  Requests that ran at a batch of 1
+    say nothing of the cap (it falls), and neither do met requests when x is half a stream or more
+    below the cap (a host that slowed: down at once)."""
+    def tracking(spread, batch, per_period):
+        p, rng = LoopPolicy(37.936, 64, prior=(ALPHA, BETA)), random.Random(13)
+        p.state, p.cap, p.spread, p._spread_known, p._measured, p._anchor = TRACK, 3, spread, True, True, ALPHA
+        for now in (10.0, 20.0):
+            feed(p, 3, 40, rng)
+            for _ in range(per_period):
+                p.observe_finished(0.025, batch)
+            p.refit(now)
+        return p
+    held = tracking(0.0016, 3.0, 6)
+    assert 2.5 <= held._streams() < 3 and held.x == 3.0 and held.cap == 3 and held.moves == 0
+    lone = tracking(0.0016, 1.0, 6)
+    assert lone.cap == 2 and set(lone.rules) <= {"down-confirmed", "down-now"}
+    slowed = tracking(0.0030, 3.0, 12)
+    assert slowed.cap == 2 and slowed.rules == {"down-now": 1}

@@ -29,10 +29,14 @@ are `x = (T - s - a) / (beta + p)`, and the cap follows x:
   from the requests that finished under the cap as well: x is the batch at which 90% meet the floor,
   and a cap the batch reaches only at times keeps 90% at the floor higher than that, so when 90% of
   them would still meet it with one more stream's step on every token, x is at least cap + 1 (when
-  90% met it as they ran, at least the cap).
+  90% met it as they ran, at least the cap);
+* whatever the arrivals, x less than half a stream below the cap is held at the cap when 90% of the
+  requests that ran at it met the floor (`_held`): near the single-stream rate a stream is a third of
+  the goodput, and a spread read a few tenths of a millisecond high is that far off.
 
 States: `cold` runs a slow start, the cap doubling each round of `round_steps` decode steps at the
-cap while the mean step leaves room, toward x as soon as a slope is known (the levels', read from
+cap while the mean step (read outside the round's tail, times the tail's share over every round:
+`_round_mean`) leaves room, toward x as soon as a slope is known (the levels', read from
 any two levels while cold, or a prior's), and past x one stream a round while the rounds leave room
 and no slope spans MIN_SPAN streams (a period in which no request waited at the cap, so no round ran,
 raises it at the refit instead, to x by at most doubling); `track` moves the cap toward x at each
@@ -57,6 +61,7 @@ MIN_LEVEL_STEPS = 8       # a level's mean counts toward the slope with this man
 MIN_SPAN = 4              # streams between the lowest and highest level the slope is read from
 COLD_SPAN = 1             # ... during the slow start: a rough slope from two levels beats doubling blind
 OUTLIER = 2.0             # a decode step this many times its level's mean is left out of the slope
+TAIL_PRIOR_STEPS = 80     # steps without a tail the slow start's rounds assume before theirs (two rounds)
 LEVEL_WEIGHT_CAP = 200.0  # one crowded level does not drown the others in the slope's fit
 MIN_FINISHED = 8          # finished requests in a cohort before its spread is read (else it waits a refit)
 FINISHED_KEEP = 256       # a cohort never holds more
@@ -91,7 +96,8 @@ RULES = {
     "cold-back": "slow start: at or past x and no room, so back (by at most half) and track",
     "cold-raise": "slow start: the load did not reach the cap this period, so the refit raises it toward x",
     "down-now": "x fell half a stream or more below the cap: down at once (by at most half)",
-    "down-confirmed": "x below the cap (by less than half a stream) at two refits in a row: down",
+    "down-confirmed": "x below the cap (by less than half a stream) at two refits in a row, and under 90% of the "
+                      "requests that ran at the cap met the floor: down",
     "down-ttft": "the TTFT capacity is below the cap: down to it",
     "up-confirmed": "two refits in a row put x above the cap: up to the lower of them (at most doubling)",
     "up-outcomes": "as up-confirmed, x read from the requests' own rates under a cap the batch reached only at times",
@@ -288,7 +294,8 @@ class LoopPolicy:
         self._up_to = 0
         self._down_seen = 0
         self._last_refit: float | None = None
-        self._round = [0, 0.0]        # slow start: steps at the cap this round, their seconds
+        self._round: list[float] = []  # slow start: this round's steps at the cap (seconds)
+        self._rounds_tail = [0.0, 0.0]  # ... all rounds' step seconds, and those of their steps not in the tail
         self._load = [0.0, 0.0]       # prefill tokens, stream-steps (decayed)
         self._prefill = [0.0, 0.0]    # seconds prefill added to its steps, its tokens (decayed)
         self._spread_known = False
@@ -323,12 +330,10 @@ class LoopPolicy:
         p[2] += batch
         self.levels.add(batch, seconds)
         if self.state == COLD and self.cap is not None and batch >= self.cap:
-            r = self._round
-            r[0] += 1
-            r[1] += seconds
-            if r[0] >= self.round_steps:
-                self._slow_start_round(r[1] / r[0])
-                self._round = [0, 0.0]
+            self._round.append(seconds)
+            if len(self._round) >= self.round_steps:
+                self._slow_start_round(self._round_mean(self._round))
+                self._round = []
 
     def observe_finished(self, seconds_per_token: float, mean_batch: float) -> None:
         """One finished request: its engine-clock seconds per token and the mean batch of its steps."""
@@ -337,7 +342,7 @@ class LoopPolicy:
             if self.cap is not None and mean_batch > self.cap + ABOVE_CAP:
                 return  # it ran under a higher cap: its spread is a load the cap no longer admits
             self.finished.append(seconds_per_token - self.slope * mean_batch - self._anchor)
-            self._outcomes.append((seconds_per_token, self.cap))
+            self._outcomes.append((seconds_per_token, self.cap, mean_batch))
 
     def observe_feedback(self, ratio: float) -> None:
         if ratio > 0 and math.isfinite(ratio):
@@ -387,6 +392,21 @@ class LoopPolicy:
         if x is None:
             return None
         return min(self.max_num_seqs, max(1, int(math.floor(x + 1e-9))))
+
+    def _round_mean(self, steps: list[float]) -> float:
+        """A round's mean step: the mean of its steps outside the tail (OUTLIER times its median) times the
+        tail's share of all the rounds' steps so far, read as if TAIL_PRIOR_STEPS more steps without a tail
+        had come first.  One slow step in 50 at four times the typical makes a 40-step round's plain mean
+        1.8 ms noisy at a 25 ms step (more than a stream's cost), so the rounds at 3, 4 and 5 streams came
+        out in any order; without the tail a round is 0.2 ms noisy, and the tail's share, common to every
+        round, is read over all of them (a first round's own share is luck: none, or 15%)."""
+        mid = sorted(steps)[len(steps) // 2]
+        kept = [t for t in steps if t <= OUTLIER * mid]
+        mean = sum(kept) / len(kept)
+        self._rounds_tail[0] += sum(steps)
+        self._rounds_tail[1] += sum(kept)
+        prior = TAIL_PRIOR_STEPS * mean
+        return mean * (self._rounds_tail[0] + prior) / (self._rounds_tail[1] + prior)
 
     def _slow_start_round(self, mean_step: float) -> None:
         """One round at the cap: double while the mean step leaves room; once a slope is known (the
@@ -441,8 +461,7 @@ class LoopPolicy:
         the batch reaches only at times (arrivals in bursts) keeps 90% at the floor above that, and a
         cap at x keeps a queue that costs TTFT."""
         c = self.cap
-        periods = [self._outcomes] + [o for end, o in self._past if now - end < OUTCOMES_SECONDS]
-        rates = [t for period in periods for t, cap in period if cap == c]
+        rates = [t for t, cap, _ in self._recent(now) if cap == c]
         if len(rates) < OUTCOMES_MIN or mean_batch >= c - BELOW_CAP:
             return None
         need = SPREAD_QUANTILE * len(rates)
@@ -451,6 +470,21 @@ class LoopPolicy:
         if sum(1 for t in rates if t <= self.target) >= need:
             return float(c)
         return None
+
+    def _recent(self, now: float) -> list:
+        """(seconds per token, cap, mean batch) of the requests finished this period and in those that ended
+        within OUTCOMES_SECONDS."""
+        periods = [self._outcomes] + [o for end, o in self._past if now - end < OUTCOMES_SECONDS]
+        return [r for period in periods for r in period]
+
+    def _held(self, now: float) -> bool:
+        """90% or more of the requests that ran at the cap in force (finished under it, at a mean batch within
+        ABOVE_CAP of it; OUTCOMES_MIN at least) met the floor: the gate itself, measured, so the model's x
+        below the cap is its error and not a reason to cut a stream (at a cap of 2 or 3, a third or half of
+        the goodput)."""
+        c = self.cap
+        rates = [t for t, cap, b in self._recent(now) if cap == c and b >= c - ABOVE_CAP]
+        return len(rates) >= OUTCOMES_MIN and sum(1 for t in rates if t <= self.target) >= SPREAD_QUANTILE * len(rates)
 
     def _blend(self, anchored: float, steps: float) -> None:
         """The intercept read on `steps` decode steps: the first reading replaces the prior's; later ones
@@ -548,6 +582,8 @@ class LoopPolicy:
         from_outcomes = False
         if self.state == TRACK and self.cap is not None and x is not None:
             measured = self._measured_streams(now, sum_b / n)
+            if measured is None and self.cap - DOWN_NOW <= x < self.cap and self._held(now):
+                measured = float(self.cap)
             if measured is not None and measured > x:
                 self.x = x = measured
                 from_outcomes = True
