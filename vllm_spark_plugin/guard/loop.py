@@ -461,15 +461,20 @@ class LoopPolicy:
         the batch reaches only at times (arrivals in bursts) keeps 90% at the floor above that, and a
         cap at x keeps a queue that costs TTFT."""
         c = self.cap
-        rates = [t for t, cap, _ in self._recent(now) if cap == c]
-        if len(rates) < OUTCOMES_MIN or mean_batch >= c - BELOW_CAP:
+        if mean_batch >= c - BELOW_CAP:
             return None
-        need = SPREAD_QUANTILE * len(rates)
-        if sum(1 for t in rates if t + self.slope <= self.target) >= need:
+        rates = [t for t, cap, _ in self._recent(now) if cap == c]
+        if self._nine_in_ten(rates, self.slope):
             return c + 1.0
-        if sum(1 for t in rates if t <= self.target) >= need:
+        if self._nine_in_ten(rates):
             return float(c)
         return None
+
+    def _nine_in_ten(self, rates: list[float], extra: float = 0.0) -> bool:
+        """OUTCOMES_MIN or more requests' seconds per token, and 90% of them at the floor with `extra` seconds
+        more on every token."""
+        return len(rates) >= OUTCOMES_MIN and \
+            sum(1 for t in rates if t + extra <= self.target) >= SPREAD_QUANTILE * len(rates)
 
     def _recent(self, now: float) -> list:
         """(seconds per token, cap, mean batch) of the requests finished this period and in those that ended
@@ -483,8 +488,7 @@ class LoopPolicy:
         below the cap is its error and not a reason to cut a stream (at a cap of 2 or 3, a third or half of
         the goodput)."""
         c = self.cap
-        rates = [t for t, cap, b in self._recent(now) if cap == c and b >= c - ABOVE_CAP]
-        return len(rates) >= OUTCOMES_MIN and sum(1 for t in rates if t <= self.target) >= SPREAD_QUANTILE * len(rates)
+        return self._nine_in_ten([t for t, cap, b in self._recent(now) if cap == c and b >= c - ABOVE_CAP])
 
     def _blend(self, anchored: float, steps: float) -> None:
         """The intercept read on `steps` decode steps: the first reading replaces the prior's; later ones
